@@ -1,0 +1,193 @@
+//! Configuration from the environment, parsed once at startup.
+
+use std::{net::IpAddr, time::Duration};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{0} is not set; point it at PostgreSQL, e.g. postgres://user@127.0.0.1:5432/phone")]
+    Missing(&'static str),
+    #[error("{name}={value:?} is invalid: {reason}")]
+    Invalid {
+        name: &'static str,
+        value: String,
+        reason: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub database_url: String,
+    pub bind_address: IpAddr,
+    pub port: u16,
+    /// Largest connection count this replica opens; replicas × this must stay
+    /// below Postgres' `max_connections` (see README).
+    pub pool_size: usize,
+    /// How long a request waits for a free connection before failing with a
+    /// retryable error instead of queueing without bound.
+    pub pool_timeout: Duration,
+    pub request_timeout: Duration,
+    pub shutdown_grace: Duration,
+    pub max_body_bytes: usize,
+    /// Host names (optionally host:port) accepted in the `Host` header, on
+    /// top of loopback. DNS-rebinding protection.
+    pub allowed_hosts: Vec<String>,
+    /// Browser origins (scheme://host[:port]) allowed to call `/mcp`.
+    pub allowed_origins: Vec<String>,
+    pub log_filter: String,
+    pub log_format: LogFormat,
+}
+
+impl Config {
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|key| std::env::var(key).ok())
+    }
+
+    /// Parses from any key lookup, so tests can build a configuration without
+    /// touching the process environment.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let database_url = get("DATABASE_URL")
+            .filter(|v| !v.trim().is_empty())
+            .ok_or(ConfigError::Missing("DATABASE_URL"))?;
+        if !(database_url.starts_with("postgres://") || database_url.starts_with("postgresql://"))
+        {
+            return Err(ConfigError::Invalid {
+                name: "DATABASE_URL",
+                value: "<hidden>".into(),
+                reason: "must start with postgres:// or postgresql://".into(),
+            });
+        }
+
+        let mut allowed_hosts = list(get("PHONE_ALLOWED_HOSTS"));
+        // Railway publishes the service's public hostname here.
+        if let Some(domain) = get("RAILWAY_PUBLIC_DOMAIN").filter(|d| !d.is_empty()) {
+            allowed_hosts.push(domain);
+        }
+        let allowed_origins = list(get("PHONE_ALLOWED_ORIGINS"));
+        for origin in &allowed_origins {
+            if !(origin.starts_with("http://") || origin.starts_with("https://")) {
+                return Err(ConfigError::Invalid {
+                    name: "PHONE_ALLOWED_ORIGINS",
+                    value: origin.clone(),
+                    reason: "each origin needs a scheme, e.g. https://app.example.com".into(),
+                });
+            }
+        }
+
+        let log_format = match get("PHONE_LOG_FORMAT").as_deref() {
+            None | Some("") | Some("text") => LogFormat::Text,
+            Some("json") => LogFormat::Json,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    name: "PHONE_LOG_FORMAT",
+                    value: other.into(),
+                    reason: "expected text or json".into(),
+                });
+            }
+        };
+
+        Ok(Self {
+            database_url,
+            bind_address: parse(&get, "PHONE_BIND", "0.0.0.0".parse().unwrap())?,
+            port: parse(&get, "PORT", 3000)?,
+            pool_size: bounded(parse(&get, "PHONE_POOL_SIZE", 16)?, "PHONE_POOL_SIZE", 1, 1000)?,
+            pool_timeout: Duration::from_millis(parse(&get, "PHONE_POOL_TIMEOUT_MS", 2000)?),
+            request_timeout: Duration::from_millis(parse(&get, "PHONE_REQUEST_TIMEOUT_MS", 30_000)?),
+            shutdown_grace: Duration::from_secs(parse(&get, "PHONE_SHUTDOWN_GRACE_SECS", 20)?),
+            max_body_bytes: bounded(
+                parse(&get, "PHONE_MAX_BODY_BYTES", 256 * 1024)?,
+                "PHONE_MAX_BODY_BYTES",
+                4096,
+                16 * 1024 * 1024,
+            )?,
+            allowed_hosts,
+            allowed_origins,
+            log_filter: get("RUST_LOG")
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| "info".into()),
+            log_format,
+        })
+    }
+}
+
+fn list(value: Option<String>) -> Vec<String> {
+    value
+        .unwrap_or_default()
+        .split(',')
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+fn parse<T>(
+    get: &impl Fn(&str) -> Option<String>,
+    name: &'static str,
+    default: T,
+) -> Result<T, ConfigError>
+where
+    T: std::str::FromStr,
+    T::Err: std::fmt::Display,
+{
+    match get(name).filter(|v| !v.trim().is_empty()) {
+        None => Ok(default),
+        Some(value) => value.trim().parse().map_err(|e: T::Err| ConfigError::Invalid {
+            name,
+            reason: e.to_string(),
+            value,
+        }),
+    }
+}
+
+fn bounded(value: usize, name: &'static str, min: usize, max: usize) -> Result<usize, ConfigError> {
+    if (min..=max).contains(&value) {
+        Ok(value)
+    } else {
+        Err(ConfigError::Invalid {
+            name,
+            value: value.to_string(),
+            reason: format!("must be between {min} and {max}"),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let pairs: Vec<(String, String)> =
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Config::from_lookup(|key| pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone()))
+    }
+
+    #[test]
+    fn database_url_is_required() {
+        assert!(matches!(config(&[]), Err(ConfigError::Missing("DATABASE_URL"))));
+    }
+
+    #[test]
+    fn defaults_and_railway_domain() {
+        let c = config(&[
+            ("DATABASE_URL", "postgres://x@127.0.0.1/db"),
+            ("RAILWAY_PUBLIC_DOMAIN", "phone.up.railway.app"),
+            ("PHONE_ALLOWED_HOSTS", "a.example, b.example"),
+        ])
+        .unwrap();
+        assert_eq!(c.port, 3000);
+        assert_eq!(c.allowed_hosts, ["a.example", "b.example", "phone.up.railway.app"]);
+    }
+
+    #[test]
+    fn bad_numbers_name_the_variable() {
+        let err = config(&[("DATABASE_URL", "postgres://x@h/db"), ("PORT", "http")]).unwrap_err();
+        assert!(err.to_string().starts_with("PORT=\"http\" is invalid"), "{err}");
+        let err =
+            config(&[("DATABASE_URL", "postgres://x@h/db"), ("PHONE_POOL_SIZE", "0")]).unwrap_err();
+        assert!(err.to_string().contains("between 1 and 1000"), "{err}");
+    }
+}

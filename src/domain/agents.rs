@@ -1,0 +1,360 @@
+//! The address book: registration, authentication, directory search.
+
+use base64::Engine as _;
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::Serialize;
+
+use super::types::{self, AgentName, InvalidInput, Token, TokenHash};
+use super::{Caller, Phone, PhoneError};
+
+/// A directory entry as other agents see it. Never carries the token hash.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct AgentCard {
+    pub name: String,
+    pub description: String,
+    pub project: String,
+    pub registered_at: String,
+    pub last_seen_at: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct Registration {
+    pub name: String,
+    pub description: String,
+    pub project: String,
+    /// Present only when a new token was issued. Shown once: save it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// True when the name was new; false when an existing entry was updated.
+    pub created: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct RegisterRequest {
+    pub name: AgentName,
+    pub description: String,
+    pub project: String,
+    pub token: Option<Token>,
+}
+
+impl RegisterRequest {
+    pub fn parse(
+        name: &str,
+        description: &str,
+        project: &str,
+        token: Option<&str>,
+    ) -> Result<Self, InvalidInput> {
+        Ok(Self {
+            name: AgentName::parse("name", name)?,
+            description: types::description(description)?,
+            project: types::single_line("project", project, types::PROJECT_MAX)?,
+            token: token.map(Token::parse).transpose()?,
+        })
+    }
+}
+
+pub const SEARCH_LIMIT_MAX: u32 = 50;
+pub const SEARCH_QUERY_MAX: usize = 200;
+/// Deep pages are refused rather than served slowly; refine the query instead.
+const SEARCH_OFFSET_MAX: i64 = 10_000;
+const SEARCH_WORDS_MAX: usize = 16;
+
+#[derive(Debug, Clone)]
+pub struct SearchRequest {
+    pub query: Option<String>,
+    pub project: Option<String>,
+    pub limit: u32,
+    pub offset: i64,
+}
+
+impl SearchRequest {
+    pub fn parse(
+        query: Option<&str>,
+        project: Option<&str>,
+        limit: Option<u32>,
+        cursor: Option<&str>,
+    ) -> Result<Self, InvalidInput> {
+        let query = match query.map(str::trim).filter(|q| !q.is_empty()) {
+            None => None,
+            Some(q) if q.chars().count() > SEARCH_QUERY_MAX => {
+                return Err(InvalidInput::new(
+                    "query",
+                    format!("is longer than {SEARCH_QUERY_MAX} characters; use a few keywords"),
+                ));
+            }
+            Some(q) if q.contains('\0') => {
+                return Err(InvalidInput::new("query", "contains a NUL character (U+0000)"));
+            }
+            Some(q) => Some(q.to_owned()),
+        };
+        let project = project
+            .filter(|p| !p.trim().is_empty())
+            .map(|p| types::single_line("project", p, types::PROJECT_MAX))
+            .transpose()?;
+        let limit = limit.unwrap_or(10);
+        if !(1..=SEARCH_LIMIT_MAX).contains(&limit) {
+            return Err(InvalidInput::new(
+                "limit",
+                format!("must be between 1 and {SEARCH_LIMIT_MAX}; got {limit}"),
+            ));
+        }
+        let offset = cursor.map(decode_cursor).transpose()?.unwrap_or(0);
+        Ok(Self { query, project, limit, offset })
+    }
+}
+
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct SearchResult {
+    pub agents: Vec<AgentCard>,
+    /// Pass back as `cursor` for the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+fn encode_cursor(offset: i64) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("o:{offset}"))
+}
+
+fn decode_cursor(raw: &str) -> Result<i64, InvalidInput> {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(raw.trim())
+        .ok()
+        .and_then(|bytes| String::from_utf8(bytes).ok())
+        .and_then(|s| s.strip_prefix("o:").and_then(|n| n.parse::<i64>().ok()))
+        .filter(|n| (0..=SEARCH_OFFSET_MAX).contains(n))
+        .ok_or_else(|| {
+            InvalidInput::new(
+                "cursor",
+                "is not a cursor from this server; pass next_cursor from the previous phone_search unchanged",
+            )
+        })
+}
+
+/// Splits user text into plain words. Everything that is not a letter or a
+/// digit separates words, so tsquery operators, quotes and SQL fragments are
+/// just separators: the resulting query can never be malformed.
+fn query_words(query: &str) -> Vec<String> {
+    query
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .take(SEARCH_WORDS_MAX)
+        .map(|w| w.to_lowercase())
+        .collect()
+}
+
+/// (all words, any word) tsquery texts, with prefix matching on the last word.
+fn tsquery_texts(words: &[String]) -> (String, String) {
+    let terms: Vec<String> = words
+        .iter()
+        .enumerate()
+        .map(|(i, w)| if i + 1 == words.len() { format!("{w}:*") } else { w.clone() })
+        .collect();
+    (terms.join(" & "), terms.join(" | "))
+}
+
+pub fn timestamp(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+fn card(row: &tokio_postgres::Row) -> AgentCard {
+    AgentCard {
+        name: row.get("name"),
+        description: row.get("description"),
+        project: row.get("project"),
+        registered_at: timestamp(row.get("registered_at")),
+        last_seen_at: row.get::<_, Option<DateTime<Utc>>>("last_seen_at").map(timestamp),
+    }
+}
+
+/// How often presence is written: at most once a minute per agent, so a
+/// busy agent costs no write per call.
+const PRESENCE_INTERVAL_SECS: f64 = 60.0;
+
+impl Phone {
+    pub async fn register(&self, req: RegisterRequest) -> Result<Registration, PhoneError> {
+        let client = self.pool().get().await?;
+        match req.token {
+            None => {
+                let token = Token::generate();
+                let hash = token.hash();
+                let stmt = client
+                    .prepare_cached(
+                        "INSERT INTO agents (name, description, project, token_hash, last_seen_at)
+                         VALUES ($1, $2, $3, $4, now())
+                         ON CONFLICT (name) DO NOTHING
+                         RETURNING id",
+                    )
+                    .await?;
+                let inserted = client
+                    .query_opt(
+                        &stmt,
+                        &[&req.name.as_str(), &req.description, &req.project, &hash.as_bytes()],
+                    )
+                    .await?;
+                match inserted {
+                    Some(_) => Ok(Registration {
+                        name: req.name.to_string(),
+                        description: req.description,
+                        project: req.project,
+                        token: Some(token.reveal().to_owned()),
+                        created: true,
+                    }),
+                    None => Err(PhoneError::NameTaken(req.name)),
+                }
+            }
+            Some(token) => {
+                let stmt = client
+                    .prepare_cached(
+                        "UPDATE agents
+                         SET description = $3, project = $4, updated_at = now(), last_seen_at = now()
+                         WHERE name = $1 AND token_hash = $2
+                         RETURNING id",
+                    )
+                    .await?;
+                let hash = token.hash();
+                let updated = client
+                    .query_opt(
+                        &stmt,
+                        &[&req.name.as_str(), &hash.as_bytes(), &req.description, &req.project],
+                    )
+                    .await?;
+                if updated.is_some() {
+                    return Ok(Registration {
+                        name: req.name.to_string(),
+                        description: req.description,
+                        project: req.project,
+                        token: None,
+                        created: false,
+                    });
+                }
+                let exists = client
+                    .query_opt("SELECT 1 FROM agents WHERE name = $1", &[&req.name.as_str()])
+                    .await?
+                    .is_some();
+                if exists {
+                    Err(PhoneError::Unauthenticated(
+                        "name already registered, and this token is not its token. Use the token issued for this name, or pick another name",
+                    ))
+                } else {
+                    Err(PhoneError::Unauthenticated(
+                        "this token does not belong to that name. To register a new name, call phone_register without a token",
+                    ))
+                }
+            }
+        }
+    }
+
+    /// Resolves a token to its agent. The comparison is on SHA-256 digests
+    /// through a unique index, so the plaintext is never compared.
+    pub async fn authenticate(
+        &self,
+        token: &Token,
+        claimed: Option<&AgentName>,
+    ) -> Result<Caller, PhoneError> {
+        let hash: TokenHash = token.hash();
+        let client = self.pool().get().await?;
+        let stmt = client
+            .prepare_cached(
+                "SELECT id, name, project,
+                        coalesce(last_seen_at < now() - make_interval(secs => $2), true) AS stale
+                 FROM agents WHERE token_hash = $1",
+            )
+            .await?;
+        let row = client
+            .query_opt(&stmt, &[&hash.as_bytes(), &PRESENCE_INTERVAL_SECS])
+            .await?
+            .ok_or(PhoneError::Unauthenticated(
+                "invalid token: no agent holds it. Use the token phone_register gave you (saved in your notes)",
+            ))?;
+        let name = AgentName::parse("name", row.get("name")).map_err(|_| PhoneError::Internal)?;
+        if let Some(claimed) = claimed
+            && claimed != &name
+        {
+            return Err(PhoneError::Unauthenticated(
+                "this token belongs to a different agent than `name`. Use each agent's own name and token together",
+            ));
+        }
+        let caller = Caller { id: row.get("id"), name, project: row.get("project") };
+        if row.get::<_, bool>("stale") {
+            let stmt = client
+                .prepare_cached("UPDATE agents SET last_seen_at = now() WHERE id = $1")
+                .await?;
+            client.execute(&stmt, &[&caller.id]).await?;
+        }
+        Ok(caller)
+    }
+
+    pub async fn search(&self, req: SearchRequest) -> Result<SearchResult, PhoneError> {
+        let client = self.pool().get().await?;
+        // One row more than asked tells whether another page exists.
+        let fetch = i64::from(req.limit) + 1;
+        let rows = match &req.query {
+            None => {
+                let stmt = client
+                    .prepare_cached(
+                        "SELECT name, description, project, registered_at, last_seen_at
+                         FROM agents
+                         WHERE $1::text IS NULL OR lower(project) = lower($1)
+                         ORDER BY name
+                         LIMIT $2 OFFSET $3",
+                    )
+                    .await?;
+                client.query(&stmt, &[&req.project, &fetch, &req.offset]).await?
+            }
+            Some(query) => {
+                let words = query_words(query);
+                let (all, any) = tsquery_texts(&words);
+                let exact_name = query.trim().to_ascii_lowercase();
+                let stmt = client
+                    .prepare_cached(
+                        "WITH q AS (SELECT to_tsquery('english', $1) AS any_word,
+                                           to_tsquery('english', $2) AS all_words)
+                         SELECT name, description, project, registered_at, last_seen_at
+                         FROM agents, q
+                         WHERE (search @@ q.any_word OR name = $3)
+                           AND ($4::text IS NULL OR lower(project) = lower($4))
+                         ORDER BY name = $3 DESC,
+                                  search @@ q.all_words DESC,
+                                  ts_rank(search, q.any_word) DESC,
+                                  name
+                         LIMIT $5 OFFSET $6",
+                    )
+                    .await?;
+                client
+                    .query(&stmt, &[&any, &all, &exact_name, &req.project, &fetch, &req.offset])
+                    .await?
+            }
+        };
+        let mut agents: Vec<AgentCard> = rows.iter().map(card).collect();
+        let next_cursor = if agents.len() as i64 > i64::from(req.limit) {
+            agents.truncate(req.limit as usize);
+            let next = req.offset + i64::from(req.limit);
+            (next <= SEARCH_OFFSET_MAX).then(|| encode_cursor(next))
+        } else {
+            None
+        };
+        Ok(SearchResult { agents, next_cursor })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hostile_text_becomes_plain_words() {
+        assert_eq!(query_words("foo & (bar | !baz):* 'x' -- ;DROP"), ["foo", "bar", "baz", "x", "drop"]);
+        assert!(query_words("&|!():*<->").is_empty());
+        let (all, any) = tsquery_texts(&query_words("Invoice mail"));
+        assert_eq!(all, "invoice & mail:*");
+        assert_eq!(any, "invoice | mail:*");
+    }
+
+    #[test]
+    fn cursors_round_trip_and_reject_forgeries() {
+        assert_eq!(decode_cursor(&encode_cursor(20)).unwrap(), 20);
+        assert!(decode_cursor("garbage").is_err());
+        assert!(decode_cursor(&encode_cursor(-1)).is_err());
+        assert!(decode_cursor(&encode_cursor(SEARCH_OFFSET_MAX + 1)).is_err());
+    }
+}

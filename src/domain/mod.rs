@@ -1,0 +1,105 @@
+//! The mailbox and the address book: the rules, and the SQL that enforces them.
+
+pub mod agents;
+pub mod messages;
+pub mod types;
+
+use deadpool_postgres::Pool;
+
+pub use types::{AgentName, IdempotencyKey, InvalidInput, MessageId, Token};
+
+use crate::store::StoreError;
+
+/// Everything a tool call can fail with. Each variant is something the agent
+/// can act on; the MCP layer turns it into a one-line tool error.
+#[derive(Debug, thiserror::Error)]
+pub enum PhoneError {
+    #[error(transparent)]
+    Invalid(#[from] InvalidInput),
+    #[error("name already registered: '{0}'. Pass its token to update it, or pick another name")]
+    NameTaken(AgentName),
+    #[error("{0}")]
+    Unauthenticated(&'static str),
+    #[error("no agent named '{0}'. Use phone_search to find the exact name")]
+    UnknownAgent(AgentName),
+    #[error("message {0} not found among the messages you sent or received")]
+    UnknownMessage(MessageId),
+    #[error("{reply_to} is a conversation with '{other}'; omit `to` or set it to '{other}'")]
+    ReplyToOtherParty { reply_to: MessageId, other: String },
+    #[error(
+        "idempotency_key '{0}' was already used for a different message; use a new key for a new message"
+    )]
+    IdempotencyConflict(String),
+    #[error("the mailbox is temporarily unavailable ({0}); retry in a few seconds")]
+    Unavailable(String),
+    #[error("internal error; retry later")]
+    Internal,
+}
+
+impl From<StoreError> for PhoneError {
+    fn from(err: StoreError) -> Self {
+        if err.is_unavailable() {
+            tracing::warn!(error = %err, "database unavailable");
+            match err {
+                StoreError::Unavailable(reason) => Self::Unavailable(reason),
+                _ => Self::Unavailable("database unreachable".into()),
+            }
+        } else {
+            tracing::error!(error = %err, "database error");
+            Self::Internal
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for PhoneError {
+    fn from(err: tokio_postgres::Error) -> Self {
+        StoreError::from(err).into()
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for PhoneError {
+    fn from(err: deadpool_postgres::PoolError) -> Self {
+        StoreError::from(err).into()
+    }
+}
+
+impl PhoneError {
+    /// A short machine-readable kind, for logs and traces.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Invalid(_) => "invalid_argument",
+            Self::NameTaken(_) => "name_taken",
+            Self::Unauthenticated(_) => "unauthenticated",
+            Self::UnknownAgent(_) => "unknown_agent",
+            Self::UnknownMessage(_) => "unknown_message",
+            Self::ReplyToOtherParty { .. } => "reply_mismatch",
+            Self::IdempotencyConflict(_) => "idempotency_conflict",
+            Self::Unavailable(_) => "unavailable",
+            Self::Internal => "internal",
+        }
+    }
+}
+
+/// The domain's entry point: cheap to clone, shared by every request.
+#[derive(Clone)]
+pub struct Phone {
+    pool: Pool,
+}
+
+impl Phone {
+    pub fn new(pool: Pool) -> Self {
+        Self { pool }
+    }
+
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+}
+
+/// An agent whose token was verified for this request.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub id: i64,
+    pub name: AgentName,
+    pub project: String,
+}

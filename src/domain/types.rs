@@ -1,0 +1,297 @@
+//! Values that parse on the way in, so an invalid one never travels further.
+
+use std::fmt;
+
+use base64::Engine as _;
+use sha2::{Digest, Sha256};
+
+/// Why an argument was refused, phrased for the agent that sent it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{field}` {reason}")]
+pub struct InvalidInput {
+    pub field: &'static str,
+    pub reason: String,
+}
+
+impl InvalidInput {
+    pub fn new(field: &'static str, reason: impl Into<String>) -> Self {
+        Self { field, reason: reason.into() }
+    }
+}
+
+pub const NAME_MAX: usize = 64;
+pub const DESCRIPTION_MAX: usize = 1000;
+pub const PROJECT_MAX: usize = 100;
+pub const SUBJECT_MAX: usize = 200;
+pub const BODY_MAX_BYTES: usize = 64 * 1024;
+pub const IDEMPOTENCY_KEY_MAX: usize = 200;
+
+/// An agent's unique name: ASCII letters, digits, `-`, `_`, `.`; 1–64 chars;
+/// lowercased, so uniqueness is case-insensitive.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AgentName(String);
+
+impl AgentName {
+    pub fn parse(field: &'static str, raw: &str) -> Result<Self, InvalidInput> {
+        let name = raw.trim();
+        if name.is_empty() {
+            return Err(InvalidInput::new(field, "must not be empty"));
+        }
+        if name.len() > NAME_MAX {
+            return Err(InvalidInput::new(
+                field,
+                format!("is {} characters long; the limit is {NAME_MAX}", name.chars().count()),
+            ));
+        }
+        if let Some(bad) = name
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+        {
+            return Err(InvalidInput::new(
+                field,
+                format!(
+                    "may only contain ASCII letters, digits, '-', '_' and '.'; found {}",
+                    describe_char(bad)
+                ),
+            ));
+        }
+        Ok(Self(name.to_ascii_lowercase()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for AgentName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Free text shown to other agents (description, project, subject): one line,
+/// no control characters, bounded.
+pub fn single_line(field: &'static str, raw: &str, max_chars: usize) -> Result<String, InvalidInput> {
+    let text = raw.trim();
+    if text.is_empty() {
+        return Err(InvalidInput::new(field, "must not be empty"));
+    }
+    check_chars(field, text, |c| c.is_control())?;
+    check_len(field, text, max_chars)?;
+    Ok(text.to_owned())
+}
+
+/// A description may span lines, but carries no other control characters.
+pub fn description(raw: &str) -> Result<String, InvalidInput> {
+    let text = raw.trim();
+    if text.is_empty() {
+        return Err(InvalidInput::new(
+            "description",
+            "must not be empty; say what this agent can do, so others can find it",
+        ));
+    }
+    check_chars("description", text, |c| c.is_control() && c != '\n' && c != '\t')?;
+    check_len("description", text, DESCRIPTION_MAX)?;
+    Ok(text.to_owned())
+}
+
+/// A message body: any text but NUL (Postgres cannot store it), up to 64 KiB.
+/// Kept exactly as sent, whitespace included.
+pub fn body(raw: &str) -> Result<String, InvalidInput> {
+    if raw.trim().is_empty() {
+        return Err(InvalidInput::new("body", "must not be empty"));
+    }
+    check_chars("body", raw, |c| c == '\0')?;
+    if raw.len() > BODY_MAX_BYTES {
+        return Err(InvalidInput::new(
+            "body",
+            format!(
+                "is {} bytes; the limit is {BODY_MAX_BYTES} bytes (64 KiB). Split it into several messages",
+                raw.len()
+            ),
+        ));
+    }
+    Ok(raw.to_owned())
+}
+
+fn check_chars(field: &'static str, text: &str, bad: impl Fn(char) -> bool) -> Result<(), InvalidInput> {
+    match text.chars().find(|&c| bad(c)) {
+        Some(c) => Err(InvalidInput::new(
+            field,
+            format!("contains {}, which is not allowed here", describe_char(c)),
+        )),
+        None => Ok(()),
+    }
+}
+
+fn check_len(field: &'static str, text: &str, max_chars: usize) -> Result<(), InvalidInput> {
+    let n = text.chars().count();
+    if n > max_chars {
+        Err(InvalidInput::new(field, format!("is {n} characters long; the limit is {max_chars}")))
+    } else {
+        Ok(())
+    }
+}
+
+fn describe_char(c: char) -> String {
+    if c == '\0' {
+        "a NUL character (U+0000)".into()
+    } else if c.is_control() || c.is_whitespace() {
+        format!("the character U+{:04X}", c as u32)
+    } else {
+        format!("'{c}' (U+{:04X})", c as u32)
+    }
+}
+
+const TOKEN_PREFIX: &str = "phn_";
+const TOKEN_RANDOM_BYTES: usize = 32;
+/// `phn_` + 43 base64url characters (256 random bits).
+const TOKEN_LEN: usize = 4 + 43;
+
+/// A bearer token. Only its SHA-256 digest is ever stored or compared; the
+/// plaintext is shown once, when issued. `Debug` never prints it.
+#[derive(Clone)]
+pub struct Token(String);
+
+impl Token {
+    pub fn generate() -> Self {
+        let mut bytes = [0u8; TOKEN_RANDOM_BYTES];
+        rand::fill(&mut bytes);
+        let encoded = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+        Self(format!("{TOKEN_PREFIX}{encoded}"))
+    }
+
+    pub fn parse(raw: &str) -> Result<Self, InvalidInput> {
+        let raw = raw.trim();
+        let well_formed = raw.len() == TOKEN_LEN
+            && raw.starts_with(TOKEN_PREFIX)
+            && raw[TOKEN_PREFIX.len()..]
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if well_formed {
+            Ok(Self(raw.to_owned()))
+        } else {
+            Err(InvalidInput::new(
+                "token",
+                "is malformed: a phone token looks like phn_ followed by 43 letters, digits, '-' or '_' \
+                 (use the token phone_register gave you, exactly as shown)",
+            ))
+        }
+    }
+
+    pub fn hash(&self) -> TokenHash {
+        TokenHash(Sha256::digest(self.0.as_bytes()).into())
+    }
+
+    /// The plaintext, for the single response that issues it.
+    pub fn reveal(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct TokenHash(pub [u8; 32]);
+
+impl TokenHash {
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// Message ids travel as opaque strings (`msg_<n>`); the number is internal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MessageId(pub i64);
+
+impl MessageId {
+    pub fn parse(field: &'static str, raw: &str) -> Result<Self, InvalidInput> {
+        raw.trim()
+            .strip_prefix("msg_")
+            .and_then(|n| n.parse::<i64>().ok())
+            .filter(|&n| n > 0)
+            .map(Self)
+            .ok_or_else(|| {
+                InvalidInput::new(
+                    field,
+                    format!("{raw:?} is not a message id; ids look like msg_123, copy one from phone_inbox or phone_send"),
+                )
+            })
+    }
+}
+
+impl fmt::Display for MessageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "msg_{}", self.0)
+    }
+}
+
+/// A client-chosen key that makes a send safe to retry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyKey(String);
+
+impl IdempotencyKey {
+    pub fn parse(raw: &str) -> Result<Self, InvalidInput> {
+        let key = raw.trim();
+        if key.is_empty() {
+            return Err(InvalidInput::new("idempotency_key", "must not be empty when given"));
+        }
+        check_chars("idempotency_key", key, |c| c.is_control())?;
+        check_len("idempotency_key", key, IDEMPOTENCY_KEY_MAX)?;
+        Ok(Self(key.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_lowercased_and_checked() {
+        assert_eq!(AgentName::parse("name", " Email.Bot_2 ").unwrap().as_str(), "email.bot_2");
+        assert!(AgentName::parse("name", "").is_err());
+        assert!(AgentName::parse("name", &"a".repeat(65)).is_err());
+        assert!(AgentName::parse("name", &"a".repeat(64)).is_ok());
+        for bad in ["a b", "émail", "a/b", "a\0b", "аdmin" /* Cyrillic а */] {
+            assert!(AgentName::parse("name", bad).is_err(), "{bad:?} should be refused");
+        }
+    }
+
+    #[test]
+    fn tokens_round_trip_and_hide() {
+        let token = Token::generate();
+        assert_eq!(token.reveal().len(), TOKEN_LEN);
+        assert_eq!(Token::parse(token.reveal()).unwrap().reveal(), token.reveal());
+        assert_ne!(Token::generate().reveal(), token.reveal());
+        assert!(!format!("{token:?}").contains(token.reveal()));
+        assert!(Token::parse("phn_short").is_err());
+        assert!(Token::parse(&format!("xyz_{}", &token.reveal()[4..])).is_err());
+        assert_eq!(token.hash().0, <[u8; 32]>::from(Sha256::digest(token.reveal().as_bytes())));
+    }
+
+    #[test]
+    fn message_ids_are_opaque_strings() {
+        assert_eq!(MessageId::parse("reply_to", "msg_42").unwrap(), MessageId(42));
+        assert_eq!(MessageId(42).to_string(), "msg_42");
+        for bad in ["42", "msg_", "msg_-1", "msg_0", "msg_1x", "msg_99999999999999999999"] {
+            assert!(MessageId::parse("reply_to", bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn bodies_keep_whitespace_refuse_nul_and_oversize() {
+        assert_eq!(body("  hi\n").unwrap(), "  hi\n");
+        assert!(body("a\0b").unwrap_err().reason.contains("NUL"));
+        assert!(body(" \n ").is_err());
+        assert!(body(&"x".repeat(BODY_MAX_BYTES + 1)).is_err());
+        assert!(body(&"x".repeat(BODY_MAX_BYTES)).is_ok());
+    }
+}

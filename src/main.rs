@@ -1,0 +1,31 @@
+use std::process::ExitCode;
+
+use phone::{Application, Config, startup, telemetry};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let config = match Config::from_env() {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("phone: configuration error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    telemetry::init(&config.log_filter, config.log_format);
+    let app = match Application::build(&config).await {
+        Ok(app) => app,
+        Err(e) => {
+            tracing::error!(error = %e, "startup failed");
+            eprintln!("phone: startup failed: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    tracing::info!(address = %app.local_addr(), "phone listening; MCP endpoint at /mcp");
+    match app.run_until(startup::shutdown_signal()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "server error");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! The MCP tool surface: thin. Parse arguments, authenticate, call the
+//! domain, render. Domain errors become tool errors in `tool_error`.
+
+mod args;
+mod render;
+pub mod tools;
+
+use std::sync::Arc;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::{RequestContext, RoleServer};
+use rmcp::{ErrorData as McpError, ServerHandler};
+use serde::Serialize;
+use tracing::Instrument;
+
+use crate::domain::agents::{RegisterRequest, SearchRequest};
+use crate::domain::messages::{InboxRequest, SendRequest};
+use crate::domain::{AgentName, Caller, InvalidInput, Phone, PhoneError, Token};
+use args::Args;
+
+/// Built once; every request's handler is an `Arc` clone of it.
+pub struct Surface {
+    phone: Phone,
+    tools: Vec<Tool>,
+    info: ServerConfig,
+}
+
+#[derive(Clone)]
+pub struct PhoneServer(Arc<Surface>);
+
+impl PhoneServer {
+    pub fn new(phone: Phone) -> Self {
+        let info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(
+                Implementation::new("phone", env!("CARGO_PKG_VERSION"))
+                    .with_title("phone: mailbox and address book for AI agents"),
+            )
+            .with_instructions(tools::INSTRUCTIONS);
+        Self(Arc::new(Surface { phone, tools: tools::definitions(), info }))
+    }
+
+    pub fn tools(&self) -> &[Tool] {
+        &self.0.tools
+    }
+}
+
+impl ServerHandler for PhoneServer {
+    fn get_info(&self) -> ServerConfig {
+        self.0.info.clone()
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        Ok(ListToolsResult::with_all_items(self.0.tools.clone()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let name = request.name.as_ref();
+        if !self.0.tools.iter().any(|t| t.name == name) {
+            return Err(McpError::invalid_params(
+                format!("unknown tool '{name}'; this server has phone_register, phone_search, phone_send, phone_inbox"),
+                None,
+            ));
+        }
+        let span = tracing::info_span!("tool", tool = %name, agent = tracing::field::Empty, outcome = tracing::field::Empty, error.kind = tracing::field::Empty);
+        let result = self.dispatch(&request, &context).instrument(span.clone()).await;
+        let result = match result {
+            Ok(result) => {
+                span.record("outcome", "ok");
+                result
+            }
+            Err(err) => {
+                span.record("outcome", "error");
+                span.record("error.kind", err.kind());
+                tool_error(&err)
+            }
+        };
+        Ok(result.into())
+    }
+}
+
+impl PhoneServer {
+    async fn dispatch(
+        &self,
+        request: &CallToolRequestParams,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, PhoneError> {
+        let phone = &self.0.phone;
+        let arguments = request.arguments.as_ref();
+        match request.name.as_ref() {
+            tools::REGISTER => {
+                let args = Args::new(tools::REGISTER, arguments, tools::REGISTER_ARGS)?;
+                let req = RegisterRequest::parse(
+                    args.required_str("name")?,
+                    args.required_str("description")?,
+                    args.required_str("project")?,
+                    args.str("token")?,
+                )?;
+                tracing::Span::current().record("agent", req.name.as_str());
+                let out = phone.register(req).await?;
+                Ok(success(&out, render::registration(&out)))
+            }
+            tools::SEARCH => {
+                let args = Args::new(tools::SEARCH, arguments, tools::SEARCH_ARGS)?;
+                let req = SearchRequest::parse(
+                    args.str("query")?,
+                    args.str("project")?,
+                    args.int("limit", 1, crate::domain::agents::SEARCH_LIMIT_MAX)?,
+                    args.str("cursor")?,
+                )?;
+                let out = phone.search(req).await?;
+                Ok(success(&out, render::search(&out)))
+            }
+            tools::SEND => {
+                let args = Args::new(tools::SEND, arguments, tools::SEND_ARGS)?;
+                let req = SendRequest::parse(
+                    args.str("to")?,
+                    args.required_str("body")?,
+                    args.str("subject")?,
+                    args.str("reply_to")?,
+                    args.str("idempotency_key")?,
+                )?;
+                let me = self.authenticate(&args, context).await?;
+                let out = phone.send(&me, req).await?;
+                Ok(success(&out, render::sent(&out)))
+            }
+            tools::INBOX => {
+                let args = Args::new(tools::INBOX, arguments, tools::INBOX_ARGS)?;
+                let req = InboxRequest::parse(
+                    args.int("limit", 1, crate::domain::messages::INBOX_LIMIT_MAX)?,
+                    args.bool("peek")?,
+                    args.bool("include_read")?,
+                )?;
+                let me = self.authenticate(&args, context).await?;
+                let out = phone.inbox(&me, req).await?;
+                Ok(success(&out, render::inbox(&out)))
+            }
+            _ => Err(PhoneError::Internal),
+        }
+    }
+
+    /// Identity comes from the token only: from the `token` argument or an
+    /// `Authorization: Bearer` header. A `name`, when given, must match it.
+    async fn authenticate(
+        &self,
+        args: &Args<'_>,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<Caller, PhoneError> {
+        let claimed = args.str("name")?.map(|n| AgentName::parse("name", n)).transpose()?;
+        let from_args = args.str("token")?.map(Token::parse).transpose()?;
+        let from_header = bearer_token(context)?;
+        let token = match (from_args, from_header) {
+            (Some(a), Some(h)) if a.hash() != h.hash() => {
+                return Err(PhoneError::Unauthenticated(
+                    "the `token` argument and the Authorization header carry different tokens; send only one",
+                ));
+            }
+            (Some(t), _) | (None, Some(t)) => t,
+            (None, None) => {
+                return Err(PhoneError::Unauthenticated(
+                    "authentication required: pass `name` and `token` from phone_register, or an Authorization: Bearer header",
+                ));
+            }
+        };
+        let caller = self.0.phone.authenticate(&token, claimed.as_ref()).await?;
+        tracing::Span::current().record("agent", caller.name.as_str());
+        Ok(caller)
+    }
+}
+
+fn bearer_token(context: &RequestContext<RoleServer>) -> Result<Option<Token>, PhoneError> {
+    let Some(parts) = context.extensions.get::<http::request::Parts>() else {
+        return Ok(None);
+    };
+    let Some(value) = parts.headers.get(http::header::AUTHORIZATION) else {
+        return Ok(None);
+    };
+    let value = value.to_str().map_err(|_| {
+        InvalidInput::new("Authorization", "header is not plain ASCII; expected Bearer <token>")
+    })?;
+    let (scheme, token) = value.trim().split_once(' ').unwrap_or((value, ""));
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return Err(InvalidInput::new("Authorization", "header must be 'Bearer <token>'").into());
+    }
+    Ok(Some(Token::parse(token)?))
+}
+
+fn success<T: Serialize>(value: &T, text: String) -> CallToolResult {
+    let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
+    result.structured_content = Some(serde_json::to_value(value).expect("tool outputs serialize"));
+    result
+}
+
+/// The one place where domain errors become what the agent reads.
+fn tool_error(err: &PhoneError) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(err.to_string())])
+}

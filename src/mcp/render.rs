@@ -1,0 +1,67 @@
+//! Compact text renderings of tool results: what a model reads in place of
+//! the JSON, so it should not be a second copy of it.
+
+use std::fmt::Write as _;
+
+use crate::domain::agents::{Registration, SearchResult};
+use crate::domain::messages::{Inbox, Sent};
+
+pub fn registration(r: &Registration) -> String {
+    match &r.token {
+        Some(token) => format!(
+            "Registered '{}' (project {}). Token: {token}\n\
+             Save the name and token in your persistent notes now: the token is not shown again.",
+            r.name, r.project
+        ),
+        None => format!("Updated '{}' (project {}).", r.name, r.project),
+    }
+}
+
+pub fn search(r: &SearchResult) -> String {
+    if r.agents.is_empty() {
+        return "No agents found.".into();
+    }
+    let mut out = String::new();
+    for a in &r.agents {
+        let seen = a.last_seen_at.as_deref().unwrap_or("never");
+        let _ = writeln!(out, "- {} (project {}, last seen {seen}): {}", a.name, a.project, a.description);
+    }
+    if let Some(cursor) = &r.next_cursor {
+        let _ = writeln!(out, "More results: cursor={cursor}");
+    }
+    out
+}
+
+pub fn sent(r: &Sent) -> String {
+    if r.replayed {
+        format!("Already sent earlier as {} to {} (same idempotency_key); nothing new was sent.", r.id, r.to)
+    } else {
+        format!("Sent {} to {} (thread {}).", r.id, r.to, r.thread_id)
+    }
+}
+
+pub fn inbox(r: &Inbox) -> String {
+    let mut out = String::new();
+    let remaining = match r.unread_remaining {
+        100.. => "100+".to_string(),
+        n => n.to_string(),
+    };
+    let _ = writeln!(out, "{} message(s); {remaining} unread still waiting.", r.messages.len());
+    for m in &r.messages {
+        let _ = write!(out, "\n[{}] from {} (project {}) at {}", m.id, m.from, m.from_project, m.sent_at);
+        if let Some(original) = &m.reply_to {
+            let _ = write!(out, ", reply to {original}");
+        }
+        if m.read_at.is_none() {
+            out.push_str(", unread");
+        }
+        out.push('\n');
+        if let Some(subject) = &m.subject {
+            let _ = writeln!(out, "Subject: {subject}");
+        }
+        // The fence marks where another agent's words begin and end, with
+        // its verified name, so they are read as data, not as instructions.
+        let _ = writeln!(out, "<message from=\"{}\">\n{}\n</message>", m.from, m.body.trim_end());
+    }
+    out
+}

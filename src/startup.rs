@@ -1,0 +1,83 @@
+//! Building and running the application: migrate, pool, bind, serve, and
+//! shut down gracefully.
+
+use std::{future::Future, net::SocketAddr, time::Duration};
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::{config::Config, domain::Phone, http, store};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+}
+
+pub struct Application {
+    listener: TcpListener,
+    router: axum::Router,
+    phone: Phone,
+    grace: Duration,
+}
+
+impl Application {
+    pub async fn build(config: &Config) -> Result<Self, StartupError> {
+        store::migrate(&config.database_url).await?;
+        let pool = store::connect_pool(config)?;
+        let phone = Phone::new(pool);
+        let addr = SocketAddr::new(config.bind_address, config.port);
+        let listener =
+            TcpListener::bind(addr).await.map_err(|source| StartupError::Bind { addr, source })?;
+        Ok(Self { router: http::router(config, phone.clone()), listener, phone, grace: config.shutdown_grace })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr().expect("bound listener has an address")
+    }
+
+    /// Serves until `shutdown` resolves, then stops accepting, gives requests
+    /// in flight up to the grace period, and closes the pool.
+    pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+        let stop = CancellationToken::new();
+        let serve = axum::serve(
+            self.listener,
+            self.router.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(stop.clone().cancelled_owned());
+        let serve = tokio::spawn(serve.into_future());
+        shutdown.await;
+        tracing::info!(grace_secs = self.grace.as_secs(), "shutting down: finishing requests in flight");
+        stop.cancel();
+        let outcome = match tokio::time::timeout(self.grace, serve).await {
+            Ok(joined) => joined.unwrap_or_else(|e| Err(std::io::Error::other(e))),
+            Err(_) => {
+                tracing::warn!("grace period over; dropping remaining connections");
+                Ok(())
+            }
+        };
+        self.phone.pool().close();
+        outcome
+    }
+}
+
+/// Resolves on SIGTERM (what Railway and docker send) or Ctrl-C.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+}
