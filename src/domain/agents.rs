@@ -142,14 +142,23 @@ fn query_words(query: &str) -> Vec<String> {
         .collect()
 }
 
-/// (all words, any word) tsquery texts, with prefix matching on the last word.
-fn tsquery_texts(words: &[String]) -> (String, String) {
-    let terms: Vec<String> = words
+/// tsquery texts for the ranking tiers.
+struct TsQueries {
+    /// Every word, the last one as a prefix ("invoice & mail:*").
+    all: String,
+    /// Any word, the last one as a prefix: what qualifies a match.
+    any: String,
+    /// Any whole word: whole-word matches outrank prefix-only ones.
+    any_whole: String,
+}
+
+fn tsqueries(words: &[String]) -> TsQueries {
+    let prefixed: Vec<String> = words
         .iter()
         .enumerate()
         .map(|(i, w)| if i + 1 == words.len() { format!("{w}:*") } else { w.clone() })
         .collect();
-    (terms.join(" & "), terms.join(" | "))
+    TsQueries { all: prefixed.join(" & "), any: prefixed.join(" | "), any_whole: words.join(" | ") }
 }
 
 pub fn timestamp(t: DateTime<Utc>) -> String {
@@ -303,25 +312,30 @@ impl Phone {
             }
             Some(query) => {
                 let words = query_words(query);
-                let (all, any) = tsquery_texts(&words);
+                let q = tsqueries(&words);
                 let exact_name = query.trim().to_ascii_lowercase();
                 let stmt = client
                     .prepare_cached(
                         "WITH q AS (SELECT to_tsquery('english', $1) AS any_word,
-                                           to_tsquery('english', $2) AS all_words)
+                                           to_tsquery('english', $2) AS all_words,
+                                           to_tsquery('english', $7) AS any_whole_word)
                          SELECT name, description, project, registered_at, last_seen_at
                          FROM agents, q
                          WHERE (search @@ q.any_word OR name = $3)
                            AND ($4::text IS NULL OR lower(project) = lower($4))
                          ORDER BY name = $3 DESC,
                                   search @@ q.all_words DESC,
+                                  ts_rank(search, q.any_whole_word) DESC,
                                   ts_rank(search, q.any_word) DESC,
                                   name
                          LIMIT $5 OFFSET $6",
                     )
                     .await?;
                 client
-                    .query(&stmt, &[&any, &all, &exact_name, &req.project, &fetch, &req.offset])
+                    .query(
+                        &stmt,
+                        &[&q.any, &q.all, &exact_name, &req.project, &fetch, &req.offset, &q.any_whole],
+                    )
                     .await?
             }
         };
@@ -345,9 +359,10 @@ mod tests {
     fn hostile_text_becomes_plain_words() {
         assert_eq!(query_words("foo & (bar | !baz):* 'x' -- ;DROP"), ["foo", "bar", "baz", "x", "drop"]);
         assert!(query_words("&|!():*<->").is_empty());
-        let (all, any) = tsquery_texts(&query_words("Invoice mail"));
-        assert_eq!(all, "invoice & mail:*");
-        assert_eq!(any, "invoice | mail:*");
+        let q = tsqueries(&query_words("Invoice mail"));
+        assert_eq!(q.all, "invoice & mail:*");
+        assert_eq!(q.any, "invoice | mail:*");
+        assert_eq!(q.any_whole, "invoice | mail");
     }
 
     #[test]

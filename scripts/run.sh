@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# `make run`: the server on :3000. Without DATABASE_URL it starts a private
+# PostgreSQL under ./data/pg and uses it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ -z "${DATABASE_URL:-}" ]; then
+    port=${PHONE_PG_PORT:-54329}
+    scripts/pg.sh start data/pg "$port"
+    psql -q -h 127.0.0.1 -p "$port" -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname = 'phone'" | grep -q 1 \
+        || psql -q -h 127.0.0.1 -p "$port" -U postgres -c "CREATE DATABASE phone" >/dev/null
+    export DATABASE_URL=$(scripts/pg.sh url "$port" phone)
+    echo "run: PostgreSQL in ./data/pg on port $port (stop it with: make db-stop)"
+fi
+export PORT=${PORT:-3000}
+cargo build --release --quiet
+exec ./target/release/phone

@@ -1,0 +1,192 @@
+//! Test harness: each test gets its own database on the PostgreSQL that
+//! `make test` started, and its own server on a random loopback port, driven
+//! through rmcp's real MCP client over HTTP.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+
+use phone::{Application, Config};
+use rmcp::{
+    ClientServiceExt, RoleClient, ServiceExt,
+    model::{CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, Implementation, ProtocolVersion},
+    service::RunningService,
+    transport::{StreamableHttpClientTransport, streamable_http_client::StreamableHttpClientTransportConfig},
+};
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+use tokio_postgres::NoTls;
+
+pub type Client = RunningService<RoleClient, ClientConfig>;
+
+pub struct TestApp {
+    pub addr: SocketAddr,
+    pub database_url: String,
+    stop: Option<oneshot::Sender<()>>,
+    server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+pub fn admin_url() -> String {
+    std::env::var("PHONE_TEST_DATABASE_URL").expect(
+        "PHONE_TEST_DATABASE_URL is not set: run the suite with `make test`, which starts PostgreSQL",
+    )
+}
+
+/// Creates an empty database; the application migrates it at startup.
+pub async fn fresh_database() -> String {
+    let admin = admin_url();
+    let (client, connection) = tokio_postgres::connect(&admin, NoTls).await.expect("connect to test PostgreSQL");
+    tokio::spawn(connection);
+    let name = format!("phone_t_{:016x}", rand::random::<u64>());
+    client.batch_execute(&format!("CREATE DATABASE {name}")).await.expect("create test database");
+    let base = admin.rsplit_once('/').expect("URL has a database part").0;
+    format!("{base}/{name}")
+}
+
+pub fn test_config(database_url: &str, extra: &[(&str, &str)]) -> Config {
+    let mut pairs: Vec<(String, String)> = vec![
+        ("DATABASE_URL".into(), database_url.into()),
+        ("PORT".into(), "0".into()),
+        ("PHONE_BIND".into(), "127.0.0.1".into()),
+        ("PHONE_POOL_SIZE".into(), "8".into()),
+        ("RUST_LOG".into(), "warn".into()),
+    ];
+    for (k, v) in extra {
+        pairs.retain(|(key, _)| key != k);
+        pairs.push((k.to_string(), v.to_string()));
+    }
+    Config::from_lookup(|key| pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone()))
+        .expect("test configuration is valid")
+}
+
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(&[]).await
+}
+
+pub async fn spawn_app_with(extra: &[(&str, &str)]) -> TestApp {
+    let database_url = fresh_database().await;
+    spawn_app_on(&database_url, extra).await
+}
+
+pub async fn spawn_app_on(database_url: &str, extra: &[(&str, &str)]) -> TestApp {
+    let config = test_config(database_url, extra);
+    phone::telemetry::init(&config.log_filter, config.log_format);
+    let app = Application::build(&config).await.expect("application starts");
+    let addr = app.local_addr();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let server = tokio::spawn(app.run_until(async {
+        let _ = stopped.await;
+    }));
+    TestApp { addr, database_url: database_url.to_owned(), stop: Some(stop), server: Some(server) }
+}
+
+impl TestApp {
+    pub fn mcp_url(&self) -> String {
+        format!("http://{}/mcp", self.addr)
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// An MCP client using the initialize handshake (protocol 2025-11-25).
+    pub async fn client(&self) -> Client {
+        self.client_with(None).await
+    }
+
+    pub async fn client_with(&self, bearer: Option<&str>) -> Client {
+        let mut config = StreamableHttpClientTransportConfig::with_uri(self.mcp_url());
+        if let Some(token) = bearer {
+            config = config.auth_header(token.to_owned());
+        }
+        let transport = StreamableHttpClientTransport::from_config(config);
+        client_info().serve(transport).await.expect("MCP client connects")
+    }
+
+    /// An MCP client speaking 2026-07-28: no initialize, `server/discover`.
+    pub async fn modern_client(&self, bearer: Option<&str>) -> Client {
+        let mut config = StreamableHttpClientTransportConfig::with_uri(self.mcp_url());
+        if let Some(token) = bearer {
+            config = config.auth_header(token.to_owned());
+        }
+        let transport = StreamableHttpClientTransport::from_config(config);
+        client_info()
+            .serve_with_lifecycle(
+                transport,
+                rmcp::ClientLifecycleMode::Discover { preferred_versions: vec![ProtocolVersion::V_2026_07_28] },
+            )
+            .await
+            .expect("MCP client discovers the server")
+    }
+
+    pub async fn db(&self) -> tokio_postgres::Client {
+        let (client, connection) = tokio_postgres::connect(&self.database_url, NoTls).await.expect("connect");
+        tokio::spawn(connection);
+        client
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(server) = self.server.take() {
+            server.await.expect("server task").expect("server exits cleanly");
+        }
+    }
+}
+
+fn client_info() -> ClientConfig {
+    ClientConfig::new(ClientCapabilities::default(), Implementation::new("phone-tests", "0"))
+}
+
+pub async fn call(client: &Client, tool: &str, args: Value) -> CallToolResult {
+    let args = args.as_object().expect("arguments are an object").clone();
+    client
+        .call_tool(CallToolRequestParams::new(tool.to_owned()).with_arguments(args))
+        .await
+        .unwrap_or_else(|e| panic!("{tool} failed at the protocol level: {e}"))
+}
+
+pub fn text(result: &CallToolResult) -> String {
+    result
+        .content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The structured result of a call that must succeed.
+pub async fn ok(client: &Client, tool: &str, args: Value) -> Value {
+    let result = call(client, tool, args.clone()).await;
+    assert_ne!(result.is_error, Some(true), "{tool}({args}) failed: {}", text(&result));
+    result.structured_content.clone().expect("structured content")
+}
+
+/// The error text of a call that must fail with a tool error.
+pub async fn tool_err(client: &Client, tool: &str, args: Value) -> String {
+    let result = call(client, tool, args.clone()).await;
+    assert_eq!(result.is_error, Some(true), "{tool}({args}) should fail, got {:?}", result.structured_content);
+    assert!(result.structured_content.is_none(), "errors carry no structured content");
+    text(&result)
+}
+
+pub struct Agent {
+    pub name: String,
+    pub token: String,
+}
+
+pub async fn register(client: &Client, name: &str, description: &str, project: &str) -> Agent {
+    let out = ok(client, "phone_register", json!({"name": name, "description": description, "project": project})).await;
+    assert_eq!(out["created"], true);
+    Agent { name: out["name"].as_str().unwrap().to_owned(), token: out["token"].as_str().unwrap().to_owned() }
+}
+
+impl Agent {
+    /// `extra` plus this agent's name and token.
+    pub fn with(&self, extra: Value) -> Value {
+        let mut map = extra.as_object().cloned().unwrap_or_default();
+        map.insert("name".into(), json!(self.name));
+        map.insert("token".into(), json!(self.token));
+        Value::Object(map)
+    }
+}
