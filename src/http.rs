@@ -5,9 +5,11 @@ use std::time::Duration;
 
 use axum::{
     Json, Router,
-    extract::State,
-    http::{HeaderValue, StatusCode, header},
-    response::IntoResponse,
+    body::{Body, to_bytes},
+    extract::{Request, State},
+    http::{HeaderValue, Method, StatusCode, header},
+    middleware::{self, Next},
+    response::{IntoResponse, Response},
     routing::{any, get},
 };
 use rmcp::transport::streamable_http_server::{
@@ -42,8 +44,10 @@ pub fn router(config: &Config, phone: Phone) -> Router {
         mcp_config,
     );
 
+    let max_body = config.max_body_bytes;
     Router::new()
         .nest_service("/mcp", mcp)
+        .layer(middleware::from_fn(move |req, next| check_jsonrpc(max_body, req, next)))
         .route("/health", get(health))
         // Claude Code probes OAuth discovery; a plain 404 tells it no auth flow exists.
         .route("/.well-known/{*rest}", any(|| async { StatusCode::NOT_FOUND }))
@@ -81,4 +85,120 @@ async fn health(State(phone): State<Phone>) -> impl IntoResponse {
             )
         }
     }
+}
+
+/// Rejects POST bodies that are not one JSON-RPC message with the JSON-RPC
+/// error and HTTP status the spec names (rmcp answers these with a bare 415).
+async fn check_jsonrpc(max_body: usize, req: Request, next: Next) -> Response {
+    if req.method() != Method::POST {
+        return next.run(req).await;
+    }
+    let is_json = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("application/json"));
+    if !is_json {
+        return (
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            jsonrpc_error(-32600, "Invalid Request: Content-Type must be application/json"),
+        )
+            .into_response();
+    }
+    let (parts, body) = req.into_parts();
+    let bytes = match to_bytes(body, max_body).await {
+        Ok(bytes) => bytes,
+        Err(_) => {
+            return (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                jsonrpc_error(-32600, &format!("Invalid Request: body is larger than {max_body} bytes")),
+            )
+                .into_response();
+        }
+    };
+    if let Err(problem) = validate_message(&bytes) {
+        return (StatusCode::BAD_REQUEST, problem).into_response();
+    }
+    next.run(Request::from_parts(parts, Body::from(bytes))).await
+}
+
+#[derive(serde::Deserialize)]
+struct Envelope<'a> {
+    #[serde(borrow)]
+    jsonrpc: Option<&'a str>,
+    method: Option<serde::de::IgnoredAny>,
+    result: Option<serde::de::IgnoredAny>,
+    error: Option<serde::de::IgnoredAny>,
+}
+
+fn validate_message(bytes: &[u8]) -> Result<(), Json<serde_json::Value>> {
+    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
+        return Err(jsonrpc_error(-32700, &format!("Parse error: {e}")));
+    }
+    if nesting_depth(bytes) > MAX_JSON_DEPTH {
+        return Err(jsonrpc_error(
+            -32700,
+            &format!("Parse error: JSON nested deeper than {MAX_JSON_DEPTH} levels"),
+        ));
+    }
+    match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => {}
+        Some(b'[') => {
+            return Err(jsonrpc_error(-32600, "Invalid Request: JSON-RPC batches are not supported; send one message per request"));
+        }
+        _ => return Err(jsonrpc_error(-32600, "Invalid Request: expected a JSON-RPC object")),
+    }
+    let envelope: Envelope<'_> = serde_json::from_slice(bytes)
+        .map_err(|e| jsonrpc_error(-32600, &format!("Invalid Request: {e}")))?;
+    if envelope.jsonrpc != Some("2.0") {
+        return Err(jsonrpc_error(-32600, "Invalid Request: \"jsonrpc\" must be \"2.0\""));
+    }
+    if envelope.method.is_none() && envelope.result.is_none() && envelope.error.is_none() {
+        return Err(jsonrpc_error(-32600, "Invalid Request: a request needs a \"method\""));
+    }
+    Ok(())
+}
+
+/// No tool argument needs more; deeper input only costs stack and time.
+const MAX_JSON_DEPTH: usize = 64;
+
+/// The deepest nesting of arrays and objects in valid JSON, ignoring strings.
+fn nesting_depth(bytes: &[u8]) -> usize {
+    let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for &b in bytes {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nesting_depth;
+
+    #[test]
+    fn depth_ignores_brackets_in_strings() {
+        assert_eq!(nesting_depth(br#"{"a":[1,{"b":"[[[{{{\"]]]"}]}"#), 3);
+        assert_eq!(nesting_depth(b"1"), 0);
+    }
+}
+
+fn jsonrpc_error(code: i32, message: &str) -> Json<serde_json::Value> {
+    Json(json!({"jsonrpc": "2.0", "id": null, "error": {"code": code, "message": message}}))
 }

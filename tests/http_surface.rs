@@ -1,0 +1,178 @@
+//! The HTTP edge: raw requests that no well-behaved client sends, and the
+//! endpoints around `/mcp`.
+
+mod common;
+
+use common::*;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+const ACCEPT: &str = "application/json, text/event-stream";
+
+async fn post_raw(app: &TestApp, body: impl Into<reqwest::Body>, content_type: &str) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(app.mcp_url())
+        .header("content-type", content_type)
+        .header("accept", ACCEPT)
+        .header("mcp-protocol-version", "2025-11-25")
+        .body(body)
+        .send()
+        .await
+        .expect("request reaches the server")
+}
+
+fn tools_call(name: &str, args: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": name, "arguments": args}})
+}
+
+async fn expect_jsonrpc_error(response: reqwest::Response, status: u16, code: i64) {
+    assert_eq!(response.status().as_u16(), status);
+    let body: Value = response.json().await.expect("a JSON-RPC error body");
+    assert_eq!(body["error"]["code"], code, "{body}");
+    assert!(body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+}
+
+#[tokio::test]
+async fn malformed_requests_get_clear_errors_never_a_500() {
+    let app = spawn_app().await;
+
+    expect_jsonrpc_error(post_raw(&app, "{\"jsonrpc\": \"2.0\", ", "application/json").await, 400, -32700).await;
+    expect_jsonrpc_error(post_raw(&app, vec![0xff, 0xfe, b'{', b'}'], "application/json").await, 400, -32700).await;
+
+    let wrong_type = post_raw(&app, tools_call("phone_search", json!({})).to_string(), "text/plain").await;
+    assert_eq!(wrong_type.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+
+    let nested = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+    expect_jsonrpc_error(post_raw(&app, nested, "application/json").await, 400, -32700).await;
+    let nested_args = format!("{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{{\"name\":\"phone_search\",\"arguments\":{{\"query\":{}1{}}}}}}}", "[".repeat(200), "]".repeat(200));
+    expect_jsonrpc_error(post_raw(&app, nested_args, "application/json").await, 400, -32700).await;
+
+    let huge = "x".repeat(300 * 1024);
+    let too_big = post_raw(&app, tools_call("phone_search", json!({"query": huge})).to_string(), "application/json").await;
+    assert_eq!(too_big.status(), StatusCode::PAYLOAD_TOO_LARGE);
+
+    expect_jsonrpc_error(post_raw(&app, json!({"hello": "world"}).to_string(), "application/json").await, 400, -32600).await;
+    expect_jsonrpc_error(post_raw(&app, "42", "application/json").await, 400, -32600).await;
+
+    // Batches left MCP in 2025-06-18.
+    let batch = json!([tools_call("phone_search", json!({})), tools_call("phone_search", json!({}))]);
+    expect_jsonrpc_error(post_raw(&app, batch.to_string(), "application/json").await, 400, -32600).await;
+
+    let unknown_method = post_raw(
+        &app,
+        json!({"jsonrpc": "2.0", "id": 3, "method": "phone/teleport", "params": {}}).to_string(),
+        "application/json",
+    )
+    .await;
+    let status = unknown_method.status();
+    let text = unknown_method.text().await.unwrap();
+    assert!(status.as_u16() < 500, "{status}");
+    assert!(text.contains("-32601"), "method not found: {text}");
+
+    // The server still serves normal requests afterwards.
+    let c = app.client().await;
+    ok(&c, "phone_search", json!({})).await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn endpoints_around_mcp() {
+    let app = spawn_app().await;
+    let http = reqwest::Client::new();
+
+    let health = http.get(app.url("/health")).send().await.unwrap();
+    assert_eq!(health.status(), StatusCode::OK);
+    let body: Value = health.json().await.unwrap();
+    assert_eq!(body["status"], "ok");
+
+    for path in ["/.well-known/oauth-authorization-server", "/.well-known/oauth-protected-resource/mcp"] {
+        let r = http.get(app.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::NOT_FOUND, "{path}");
+    }
+
+    // Stateless: no standalone SSE stream, no session to delete.
+    let get = http.get(app.mcp_url()).header("accept", "text/event-stream").send().await.unwrap();
+    assert_eq!(get.status(), StatusCode::METHOD_NOT_ALLOWED);
+    let delete = http.delete(app.mcp_url()).send().await.unwrap();
+    assert_eq!(delete.status(), StatusCode::METHOD_NOT_ALLOWED);
+
+    // No session id is ever issued.
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}});
+    let r = post_raw(&app, init.to_string(), "application/json").await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert!(r.headers().get("mcp-session-id").is_none());
+    assert_eq!(r.headers().get("x-content-type-options").unwrap(), "nosniff");
+    let body: Value = r.json().await.unwrap();
+    let instructions = body["result"]["instructions"].as_str().unwrap();
+    assert!(instructions.contains("phone_register") && instructions.contains("reply_to"));
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn dns_rebinding_is_refused() {
+    let app = spawn_app().await;
+    let http = reqwest::Client::new();
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).to_string();
+    let send = |host: Option<&str>, origin: Option<&str>| {
+        let mut req = http
+            .post(app.mcp_url())
+            .header("content-type", "application/json")
+            .header("accept", ACCEPT)
+            .body(list.clone());
+        if let Some(h) = host {
+            req = req.header("host", h);
+        }
+        if let Some(o) = origin {
+            req = req.header("origin", o);
+        }
+        req.send()
+    };
+    assert_eq!(send(Some("evil.example"), None).await.unwrap().status(), StatusCode::FORBIDDEN);
+    assert_eq!(send(None, Some("https://evil.example")).await.unwrap().status(), StatusCode::FORBIDDEN);
+    assert_eq!(send(None, None).await.unwrap().status(), StatusCode::OK);
+    app.stop().await;
+
+    // A configured public host and origin are accepted.
+    let app = spawn_app_with(&[
+        ("PHONE_ALLOWED_HOSTS", "phone.example.com"),
+        ("PHONE_ALLOWED_ORIGINS", "https://console.example.com"),
+    ])
+    .await;
+    let r = http
+        .post(app.mcp_url())
+        .header("host", "phone.example.com")
+        .header("origin", "https://console.example.com")
+        .header("content-type", "application/json")
+        .header("accept", ACCEPT)
+        .body(list.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_tool_surface_is_small_complete_and_annotated() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let tools = c.list_all_tools().await.unwrap();
+    let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+    assert_eq!(names, ["phone_register", "phone_search", "phone_send", "phone_inbox"]);
+    let mut model_reads = 0;
+    for tool in &tools {
+        assert!(tool.output_schema.is_some(), "{} has an outputSchema", tool.name);
+        let a = tool.annotations.as_ref().expect("annotations");
+        assert!(a.read_only_hint.is_some() && a.destructive_hint.is_some());
+        assert!(a.idempotent_hint.is_some() && a.open_world_hint.is_some());
+        model_reads += tool.name.len()
+            + tool.description.as_deref().unwrap_or("").len()
+            + serde_json::to_string(&*tool.input_schema).unwrap().len();
+    }
+    println!("tool surface a model reads: {model_reads} bytes");
+    assert!(model_reads < 5 * 1024, "{model_reads} bytes");
+    let search = tools.iter().find(|t| t.name == "phone_search").unwrap();
+    assert_eq!(search.annotations.as_ref().unwrap().read_only_hint, Some(true));
+    app.stop().await;
+}
