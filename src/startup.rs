@@ -6,7 +6,13 @@ use std::{future::Future, net::SocketAddr, time::Duration};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::{config::Config, domain::Phone, http, store};
+use std::sync::Arc;
+
+use crate::{
+    config::Config,
+    domain::{Phone, wakeup::Wakeup},
+    http, store,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
@@ -21,17 +27,28 @@ pub struct Application {
     router: axum::Router,
     phone: Phone,
     grace: Duration,
+    /// Ends long polls and the notification listener at shutdown.
+    stopping: CancellationToken,
 }
 
 impl Application {
     pub async fn build(config: &Config) -> Result<Self, StartupError> {
         store::migrate(&config.database_url).await?;
         let pool = store::connect_pool(config)?;
-        let phone = Phone::new(pool);
+        let stopping = CancellationToken::new();
+        let wakeup = Arc::new(Wakeup::default());
+        tokio::spawn(wakeup.clone().listen(config.database_url.clone(), stopping.clone()));
+        let phone = Phone::new(pool, wakeup, stopping.clone());
         let addr = SocketAddr::new(config.bind_address, config.port);
         let listener =
             TcpListener::bind(addr).await.map_err(|source| StartupError::Bind { addr, source })?;
-        Ok(Self { router: http::router(config, phone.clone()), listener, phone, grace: config.shutdown_grace })
+        Ok(Self {
+            router: http::router(config, phone.clone()),
+            listener,
+            phone,
+            grace: config.shutdown_grace,
+            stopping,
+        })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -51,6 +68,7 @@ impl Application {
         shutdown.await;
         tracing::info!(grace_secs = self.grace.as_secs(), "shutting down: finishing requests in flight");
         stop.cancel();
+        self.stopping.cancel();
         let outcome = match tokio::time::timeout(self.grace, serve).await {
             Ok(joined) => joined.unwrap_or_else(|e| Err(std::io::Error::other(e))),
             Err(_) => {

@@ -159,7 +159,13 @@ async fn the_tool_surface_is_small_complete_and_annotated() {
     let c = app.client().await;
     let tools = c.list_all_tools().await.unwrap();
     let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
-    assert_eq!(names, ["phone_register", "phone_search", "phone_send", "phone_inbox"]);
+    assert_eq!(
+        names,
+        [
+            "phone_register", "phone_search", "phone_send", "phone_inbox", "phone_ack",
+            "phone_outbox", "phone_thread", "phone_rotate_token", "phone_unregister",
+        ]
+    );
     let mut model_reads = 0;
     for tool in &tools {
         assert!(tool.output_schema.is_some(), "{} has an outputSchema", tool.name);
@@ -172,7 +178,13 @@ async fn the_tool_surface_is_small_complete_and_annotated() {
     }
     println!("tool surface a model reads: {model_reads} bytes");
     assert!(model_reads < 5 * 1024, "{model_reads} bytes");
-    let search = tools.iter().find(|t| t.name == "phone_search").unwrap();
-    assert_eq!(search.annotations.as_ref().unwrap().read_only_hint, Some(true));
+    let hints = |name: &str| {
+        let a = tools.iter().find(|t| t.name == name).unwrap().annotations.clone().unwrap();
+        (a.read_only_hint.unwrap(), a.destructive_hint.unwrap())
+    };
+    assert_eq!(hints("phone_search"), (true, false));
+    assert_eq!(hints("phone_outbox"), (true, false));
+    assert_eq!(hints("phone_inbox"), (false, false), "a poll marks messages read");
+    assert_eq!(hints("phone_unregister"), (false, true));
     app.stop().await;
 }

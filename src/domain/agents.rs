@@ -175,6 +175,24 @@ fn card(row: &tokio_postgres::Row) -> AgentCard {
     }
 }
 
+/// How long a released name stays reserved after phone_unregister.
+pub const NAME_RESERVATION_DAYS: i32 = 30;
+
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct Rotated {
+    pub name: String,
+    /// The new token. The old one stopped working. Shown once: save it.
+    pub token: String,
+}
+
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct Unregistered {
+    pub name: String,
+    pub unregistered_at: String,
+    /// Until then nobody can register this name again.
+    pub name_reserved_until: String,
+}
+
 /// How often presence is written: at most once a minute per agent, so a
 /// busy agent costs no write per call.
 const PRESENCE_INTERVAL_SECS: f64 = 60.0;
@@ -186,29 +204,54 @@ impl Phone {
             None => {
                 let token = Token::generate();
                 let hash = token.hash();
+                // A name released by phone_unregister stays reserved for a
+                // while, so nobody can step into a departed agent's
+                // conversations straight away.
                 let stmt = client
                     .prepare_cached(
                         "INSERT INTO agents (name, description, project, token_hash, last_seen_at)
-                         VALUES ($1, $2, $3, $4, now())
-                         ON CONFLICT (name) DO NOTHING
+                         SELECT $1, $2, $3, $4, now()
+                         WHERE NOT EXISTS (
+                             SELECT 1 FROM agents WHERE name = $1
+                             AND unregistered_at > now() - make_interval(days => $5))
+                         ON CONFLICT (name) WHERE unregistered_at IS NULL DO NOTHING
                          RETURNING id",
                     )
                     .await?;
                 let inserted = client
                     .query_opt(
                         &stmt,
-                        &[&req.name.as_str(), &req.description, &req.project, &hash.as_bytes()],
+                        &[
+                            &req.name.as_str(),
+                            &req.description,
+                            &req.project,
+                            &hash.as_bytes(),
+                            &NAME_RESERVATION_DAYS,
+                        ],
                     )
                     .await?;
-                match inserted {
-                    Some(_) => Ok(Registration {
+                if inserted.is_some() {
+                    return Ok(Registration {
                         name: req.name.to_string(),
                         description: req.description,
                         project: req.project,
                         token: Some(token.reveal().to_owned()),
                         created: true,
-                    }),
-                    None => Err(PhoneError::NameTaken(req.name)),
+                    });
+                }
+                let stmt = client
+                    .prepare_cached(
+                        "SELECT max(unregistered_at) + make_interval(days => $2) AS reserved_until,
+                                bool_or(unregistered_at IS NULL) AS active
+                         FROM agents WHERE name = $1",
+                    )
+                    .await?;
+                let row = client.query_one(&stmt, &[&req.name.as_str(), &NAME_RESERVATION_DAYS]).await?;
+                match row.get::<_, Option<DateTime<Utc>>>("reserved_until") {
+                    Some(until) if !row.get::<_, Option<bool>>("active").unwrap_or(false) => {
+                        Err(PhoneError::NameReserved(req.name, timestamp(until)))
+                    }
+                    _ => Err(PhoneError::NameTaken(req.name)),
                 }
             }
             Some(token) => {
@@ -216,7 +259,7 @@ impl Phone {
                     .prepare_cached(
                         "UPDATE agents
                          SET description = $3, project = $4, updated_at = now(), last_seen_at = now()
-                         WHERE name = $1 AND token_hash = $2
+                         WHERE name = $1 AND token_hash = $2 AND unregistered_at IS NULL
                          RETURNING id",
                     )
                     .await?;
@@ -237,7 +280,10 @@ impl Phone {
                     });
                 }
                 let exists = client
-                    .query_opt("SELECT 1 FROM agents WHERE name = $1", &[&req.name.as_str()])
+                    .query_opt(
+                        "SELECT 1 FROM agents WHERE name = $1 AND unregistered_at IS NULL",
+                        &[&req.name.as_str()],
+                    )
                     .await?
                     .is_some();
                 if exists {
@@ -266,7 +312,7 @@ impl Phone {
             .prepare_cached(
                 "SELECT id, name, project,
                         coalesce(last_seen_at < now() - make_interval(secs => $2), true) AS stale
-                 FROM agents WHERE token_hash = $1",
+                 FROM agents WHERE token_hash = $1 AND unregistered_at IS NULL",
             )
             .await?;
         let row = client
@@ -303,7 +349,8 @@ impl Phone {
                     .prepare_cached(
                         "SELECT name, description, project, registered_at, last_seen_at
                          FROM agents
-                         WHERE $1::text IS NULL OR lower(project) = lower($1)
+                         WHERE unregistered_at IS NULL
+                           AND ($1::text IS NULL OR lower(project) = lower($1))
                          ORDER BY name
                          LIMIT $2 OFFSET $3",
                     )
@@ -322,6 +369,7 @@ impl Phone {
                          SELECT name, description, project, registered_at, last_seen_at
                          FROM agents, q
                          WHERE (search @@ q.any_word OR name = $3)
+                           AND unregistered_at IS NULL
                            AND ($4::text IS NULL OR lower(project) = lower($4))
                          ORDER BY name = $3 DESC,
                                   search @@ q.all_words DESC,
@@ -371,5 +419,49 @@ mod tests {
         assert!(decode_cursor("garbage").is_err());
         assert!(decode_cursor(&encode_cursor(-1)).is_err());
         assert!(decode_cursor(&encode_cursor(SEARCH_OFFSET_MAX + 1)).is_err());
+    }
+}
+
+impl Phone {
+    /// Issues a new token; the old one stops working with this statement.
+    pub async fn rotate_token(&self, me: &Caller) -> Result<Rotated, PhoneError> {
+        let token = Token::generate();
+        let client = self.pool().get().await?;
+        let stmt = client
+            .prepare_cached(
+                "UPDATE agents SET token_hash = $2, updated_at = now()
+                 WHERE id = $1 AND unregistered_at IS NULL RETURNING name",
+            )
+            .await?;
+        let row = client
+            .query_opt(&stmt, &[&me.id, &token.hash().as_bytes()])
+            .await?
+            .ok_or(PhoneError::Unauthenticated("this agent is no longer registered"))?;
+        Ok(Rotated { name: row.get("name"), token: token.reveal().to_owned() })
+    }
+
+    /// Removes the agent from the directory and revokes its token. Its
+    /// messages stay, for its correspondents and for analytics.
+    pub async fn unregister(&self, me: &Caller) -> Result<Unregistered, PhoneError> {
+        // The token hash is replaced by the digest of a token nobody holds.
+        let revoked = Token::generate().hash();
+        let client = self.pool().get().await?;
+        let stmt = client
+            .prepare_cached(
+                "UPDATE agents SET unregistered_at = now(), token_hash = $2, updated_at = now()
+                 WHERE id = $1 AND unregistered_at IS NULL
+                 RETURNING name, unregistered_at,
+                           unregistered_at + make_interval(days => $3) AS reserved_until",
+            )
+            .await?;
+        let row = client
+            .query_opt(&stmt, &[&me.id, &revoked.as_bytes(), &NAME_RESERVATION_DAYS])
+            .await?
+            .ok_or(PhoneError::Unauthenticated("this agent is no longer registered"))?;
+        Ok(Unregistered {
+            name: row.get("name"),
+            unregistered_at: timestamp(row.get("unregistered_at")),
+            name_reserved_until: timestamp(row.get("reserved_until")),
+        })
     }
 }

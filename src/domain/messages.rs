@@ -1,10 +1,15 @@
-//! The mailbox: sending, replying, and polling an inbox.
+//! The mailbox: sending, replying, polling (read or lease), acknowledging,
+//! receipts and threads.
 
+use std::time::Duration;
+
+use base64::Engine as _;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::agents::timestamp;
 use super::types::{self, AgentName, IdempotencyKey, InvalidInput, MessageId};
+use super::wakeup::CHANNEL;
 use super::{Caller, Phone, PhoneError};
 
 #[derive(Debug, Clone)]
@@ -58,16 +63,40 @@ pub struct Sent {
 pub const INBOX_LIMIT_MAX: u32 = 100;
 /// `unread_remaining` counts at most this many, so a poll never scans a backlog.
 pub const UNREAD_COUNT_CAP: i64 = 100;
+pub const WAIT_SECONDS_MAX: u32 = 25;
+pub const LEASE_SECONDS_DEFAULT: u32 = 300;
+pub const LEASE_SECONDS_MAX: u32 = 3600;
+pub const ACK_IDS_MAX: usize = 100;
+pub const LIST_LIMIT_MAX: u32 = 100;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InboxMode {
+    /// Marks what it returns as read, in the poll's transaction.
+    Read,
+    /// Hands out messages for `lease_seconds`; they come back unless acknowledged.
+    Lease { seconds: u32 },
+    /// Shows the next unread messages without changing anything.
+    Peek,
+    /// The most recent messages, read or not, newest first; changes nothing.
+    History,
+}
 
 #[derive(Debug, Clone, Copy)]
 pub struct InboxRequest {
     pub limit: u32,
-    pub peek: bool,
-    pub include_read: bool,
+    pub mode: InboxMode,
+    pub wait: Duration,
 }
 
 impl InboxRequest {
-    pub fn parse(limit: Option<u32>, peek: bool, include_read: bool) -> Result<Self, InvalidInput> {
+    pub fn parse(
+        limit: Option<u32>,
+        peek: bool,
+        include_read: bool,
+        mode: Option<&str>,
+        lease_seconds: Option<u32>,
+        wait_seconds: Option<u32>,
+    ) -> Result<Self, InvalidInput> {
         let limit = limit.unwrap_or(10);
         if !(1..=INBOX_LIMIT_MAX).contains(&limit) {
             return Err(InvalidInput::new(
@@ -75,12 +104,49 @@ impl InboxRequest {
                 format!("must be between 1 and {INBOX_LIMIT_MAX}; got {limit}"),
             ));
         }
-        Ok(Self { limit, peek, include_read })
+        let lease = match mode.map(str::trim) {
+            None | Some("") | Some("read") => false,
+            Some("lease") => true,
+            Some(other) => {
+                return Err(InvalidInput::new(
+                    "mode",
+                    format!("must be \"read\" or \"lease\"; got {other:?}"),
+                ));
+            }
+        };
+        if lease_seconds.is_some() && !lease {
+            return Err(InvalidInput::new("lease_seconds", "only applies with mode \"lease\""));
+        }
+        let mode = match (lease, peek, include_read) {
+            (true, false, false) => {
+                InboxMode::Lease { seconds: lease_seconds.unwrap_or(LEASE_SECONDS_DEFAULT) }
+            }
+            (true, _, _) => {
+                return Err(InvalidInput::new(
+                    "mode",
+                    "\"lease\" cannot be combined with peek or include_read",
+                ));
+            }
+            (false, _, true) => InboxMode::History,
+            (false, true, false) => InboxMode::Peek,
+            (false, false, false) => InboxMode::Read,
+        };
+        let wait = wait_seconds.unwrap_or(0);
+        if wait > WAIT_SECONDS_MAX {
+            return Err(InvalidInput::new(
+                "wait_seconds",
+                format!("must be from 0 to {WAIT_SECONDS_MAX}; got {wait}"),
+            ));
+        }
+        if wait > 0 && mode == InboxMode::History {
+            return Err(InvalidInput::new("wait_seconds", "cannot be combined with include_read"));
+        }
+        Ok(Self { limit, mode, wait: Duration::from_secs(wait.into()) })
     }
 }
 
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
-pub struct InboxMessage {
+pub struct Message {
     pub id: String,
     /// The sender's verified name: the server checked its token.
     pub from: String,
@@ -93,44 +159,118 @@ pub struct InboxMessage {
     pub thread_id: String,
     pub sent_at: String,
     pub read_at: Option<String>,
+    /// How many times a poll handed this message out.
+    pub delivery_count: i32,
+    /// In lease mode: when the message comes back unless acknowledged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_expires_at: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Inbox {
-    pub messages: Vec<InboxMessage>,
+    pub messages: Vec<Message>,
     /// Unread messages still waiting after this call; 100 means "100 or more".
     pub unread_remaining: i64,
 }
 
-const INBOX_COLUMNS: &str = "m.id, s.name AS sender, s.project AS sender_project, m.subject, m.body,
-     m.reply_to, m.thread_id, m.sent_at, m.read_at";
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct Acked {
+    /// Ids now acknowledged (including ones acknowledged before).
+    pub acknowledged: Vec<String>,
+    /// Ids that are not messages addressed to you.
+    pub not_found: Vec<String>,
+}
 
-fn inbox_message(row: &tokio_postgres::Row, me: &Caller) -> InboxMessage {
-    InboxMessage {
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct OutboxEntry {
+    pub id: String,
+    pub to: String,
+    pub subject: Option<String>,
+    pub body: String,
+    pub reply_to: Option<String>,
+    pub thread_id: String,
+    /// waiting, leased, read or acknowledged.
+    pub state: String,
+    pub sent_at: String,
+    pub read_at: Option<String>,
+    pub acknowledged_at: Option<String>,
+    pub delivery_count: i32,
+}
+
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct Outbox {
+    pub messages: Vec<OutboxEntry>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct Thread {
+    pub thread_id: String,
+    /// Oldest first.
+    pub messages: Vec<Message>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+/// A keyset cursor over message ids, opaque to the agent.
+fn encode_cursor(id: i64) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("m:{id}"))
+}
+
+pub fn decode_cursor(raw: &str) -> Result<i64, InvalidInput> {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(raw.trim())
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .and_then(|s| s.strip_prefix("m:").and_then(|n| n.parse::<i64>().ok()))
+        .filter(|n| *n >= 0)
+        .ok_or_else(|| {
+            InvalidInput::new("cursor", "is not a cursor from this server; pass next_cursor back unchanged")
+        })
+}
+
+/// Columns every message listing selects, aliased as `message` reads them.
+const MESSAGE_COLUMNS: &str = "m.id, s.name AS sender, s.project AS sender_project, r.name AS recipient,
+     m.subject, m.body, m.reply_to, m.thread_id, m.sent_at, m.read_at, m.delivery_count, m.leased_until";
+
+fn message(row: &tokio_postgres::Row, leased: bool) -> Message {
+    Message {
         id: MessageId(row.get("id")).to_string(),
         from: row.get("sender"),
         from_project: row.get("sender_project"),
-        to: me.name.to_string(),
+        to: row.get("recipient"),
         subject: row.get("subject"),
         body: row.get("body"),
         reply_to: row.get::<_, Option<i64>>("reply_to").map(|id| MessageId(id).to_string()),
         thread_id: MessageId(row.get("thread_id")).to_string(),
         sent_at: timestamp(row.get("sent_at")),
         read_at: row.get::<_, Option<DateTime<Utc>>>("read_at").map(timestamp),
+        delivery_count: row.get("delivery_count"),
+        lease_expires_at: if leased {
+            row.get::<_, Option<DateTime<Utc>>>("leased_until").map(timestamp)
+        } else {
+            None
+        },
     }
 }
+
+/// Without notifications (listener reconnecting), waiters re-check this often.
+const FALLBACK_RECHECK: Duration = Duration::from_secs(2);
 
 impl Phone {
     pub async fn send(&self, me: &Caller, req: SendRequest) -> Result<Sent, PhoneError> {
         let client = self.pool().get().await?;
 
-        // A reply goes to the other party of the original and joins its thread.
-        let (to, thread_id) = match req.reply_to {
-            None => (req.to.clone().expect("parse requires to or reply_to"), None),
+        // A reply goes to the other party of the original (by id, so a name
+        // released and re-registered since cannot receive it) and joins its thread.
+        let (to, to_id, thread_id) = match req.reply_to {
+            None => (req.to.clone().expect("parse requires to or reply_to"), None, None),
             Some(original) => {
                 let stmt = client
                     .prepare_cached(
                         "SELECT m.thread_id,
+                                CASE WHEN m.sender_id = $2 THEN m.recipient_id ELSE m.sender_id END AS other_id,
                                 CASE WHEN m.sender_id = $2 THEN r.name ELSE s.name END AS other
                          FROM messages m
                          JOIN agents s ON s.id = m.sender_id
@@ -142,8 +282,7 @@ impl Phone {
                     .query_opt(&stmt, &[&original.0, &me.id])
                     .await?
                     .ok_or(PhoneError::UnknownMessage(original))?;
-                let other: String = row.get("other");
-                let other = AgentName::parse("to", &other).map_err(|_| PhoneError::Internal)?;
+                let other = AgentName::parse("to", row.get("other")).map_err(|_| PhoneError::Internal)?;
                 if let Some(to) = &req.to
                     && to != &other
                 {
@@ -152,30 +291,45 @@ impl Phone {
                         other: other.to_string(),
                     });
                 }
-                (other, Some(row.get::<_, i64>("thread_id")))
+                (other, Some(row.get::<_, i64>("other_id")), Some(row.get::<_, i64>("thread_id")))
             }
         };
 
         let key = req.idempotency_key.as_ref().map(IdempotencyKey::as_str);
         let reply_to = req.reply_to.map(|m| m.0);
         // One statement resolves the recipient and inserts; a conflicting
-        // idempotency key inserts nothing (and waits for a concurrent
-        // insert of the same key to commit first).
+        // idempotency key inserts nothing (after waiting for a concurrent
+        // insert of the same key to commit). It notifies only when the
+        // recipient is waiting in a long poll somewhere: NOTIFY serialises
+        // commits, so sends nobody waits for must not pay for it.
         let stmt = client
-            .prepare_cached(
-                "WITH recipient AS (SELECT id FROM agents WHERE name = $2),
-                      next AS (SELECT nextval('messages_id_seq') AS id)
-                 INSERT INTO messages (id, sender_id, recipient_id, subject, body, reply_to, thread_id, idempotency_key)
-                 SELECT next.id, $1, recipient.id, $3, $4, $5, coalesce($6, next.id), $7
-                 FROM recipient, next
-                 ON CONFLICT (sender_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-                 RETURNING id, thread_id, sent_at",
-            )
+            .prepare_cached(&format!(
+                "WITH recipient AS (
+                     SELECT id FROM agents WHERE $8::bigint IS NULL AND name = $2 AND unregistered_at IS NULL
+                     UNION ALL
+                     SELECT id FROM agents WHERE id = $8 AND unregistered_at IS NULL
+                 ),
+                 next AS (SELECT nextval('messages_id_seq') AS id),
+                 inserted AS (
+                     INSERT INTO messages (id, sender_id, recipient_id, subject, body, reply_to, thread_id, idempotency_key)
+                     SELECT next.id, $1, recipient.id, $3, $4, $5, coalesce($6, next.id), $7
+                     FROM recipient, next
+                     ON CONFLICT (sender_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+                     RETURNING id, thread_id, sent_at, recipient_id
+                 )
+                 SELECT id, thread_id, sent_at,
+                        (SELECT count(*) FROM (
+                            SELECT pg_notify('{CHANNEL}', inserted.recipient_id::text)
+                            FROM inbox_waiters w
+                            WHERE w.agent_id = inserted.recipient_id AND w.expires_at > now()
+                            LIMIT 1) n) AS woke
+                 FROM inserted"
+            ))
             .await?;
         let inserted = client
             .query_opt(
                 &stmt,
-                &[&me.id, &to.as_str(), &req.subject, &req.body, &reply_to, &thread_id, &key],
+                &[&me.id, &to.as_str(), &req.subject, &req.body, &reply_to, &thread_id, &key, &to_id],
             )
             .await?;
         if let Some(row) = inserted {
@@ -216,101 +370,278 @@ impl Phone {
         Err(PhoneError::UnknownAgent(to))
     }
 
+    /// Polls once; with `wait`, and nothing to return, waits for mail to
+    /// arrive (a notification from any replica) or for the time to run out.
     pub async fn inbox(&self, me: &Caller, req: InboxRequest) -> Result<Inbox, PhoneError> {
+        let first = self.poll(me, req).await?;
+        if req.wait.is_zero() || !first.messages.is_empty() {
+            return Ok(first);
+        }
+        let deadline = tokio::time::Instant::now() + req.wait;
+        let mut subscription = self.wakeup().subscribe(me.id);
+        let waiter_id = self.add_waiter(me, req.wait).await?;
+        let outcome = async {
+            // Mail may have arrived before the waiter row was visible to senders.
+            let mut latest = self.poll(me, req).await?;
+            while latest.messages.is_empty() {
+                let recheck = if self.wakeup().is_listening() { req.wait } else { FALLBACK_RECHECK };
+                tokio::select! {
+                    changed = subscription.changes.changed() => {
+                        if changed.is_err() { break; }
+                    }
+                    _ = tokio::time::sleep(recheck) => {}
+                    _ = tokio::time::sleep_until(deadline) => break,
+                    _ = self.shutdown.cancelled() => break,
+                }
+                latest = self.poll(me, req).await?;
+            }
+            Ok::<_, PhoneError>(latest)
+        }
+        .await;
+        self.remove_waiter(waiter_id).await;
+        outcome
+    }
+
+    async fn add_waiter(&self, me: &Caller, wait: Duration) -> Result<i64, PhoneError> {
+        let client = self.pool().get().await?;
+        let stmt = client
+            .prepare_cached(
+                "WITH expired AS (
+                     DELETE FROM inbox_waiters WHERE agent_id = $1 AND expires_at < now())
+                 INSERT INTO inbox_waiters (agent_id, expires_at)
+                 VALUES ($1, now() + make_interval(secs => $2)) RETURNING id",
+            )
+            .await?;
+        // Slack beyond the wait itself covers clock skew and slow statements.
+        let seconds = wait.as_secs_f64() + 5.0;
+        Ok(client.query_one(&stmt, &[&me.id, &seconds]).await?.get(0))
+    }
+
+    async fn remove_waiter(&self, id: i64) {
+        let outcome = async {
+            let client = self.pool().get().await?;
+            let stmt = client.prepare_cached("DELETE FROM inbox_waiters WHERE id = $1").await?;
+            client.execute(&stmt, &[&id]).await?;
+            Ok::<_, PhoneError>(())
+        }
+        .await;
+        if let Err(e) = outcome {
+            // The row expires by itself; a stale row only costs a spare NOTIFY.
+            tracing::debug!(error = %e, "could not remove waiter row");
+        }
+    }
+
+    async fn poll(&self, me: &Caller, req: InboxRequest) -> Result<Inbox, PhoneError> {
         let client = self.pool().get().await?;
         let limit = i64::from(req.limit);
-        if req.include_read {
-            let stmt = client
-                .prepare_cached(&format!(
-                    "SELECT {INBOX_COLUMNS},
-                            (SELECT count(*) FROM (SELECT 1 FROM messages
-                              WHERE recipient_id = $1 AND read_at IS NULL LIMIT $3) w) AS unread
-                     FROM messages m JOIN agents s ON s.id = m.sender_id
-                     WHERE m.recipient_id = $1
-                     ORDER BY m.id DESC
-                     LIMIT $2"
-                ))
-                .await?;
-            let rows = client.query(&stmt, &[&me.id, &limit, &UNREAD_COUNT_CAP]).await?;
-            let unread = match rows.first() {
-                Some(row) => row.get("unread"),
-                None => self.unread_count(&client, me).await?,
-            };
-            return Ok(Inbox {
-                messages: rows.iter().map(|r| inbox_message(r, me)).collect(),
-                unread_remaining: unread,
-            });
-        }
-
-        // Read mode locks and marks the oldest unread messages in one
-        // statement (one transaction). SKIP LOCKED lets concurrent pollers of
-        // the same inbox, on any replica, take disjoint messages.
-        let sql = if req.peek {
-            format!(
-                "WITH picked AS (
-                     SELECT id FROM messages
-                     WHERE recipient_id = $1 AND read_at IS NULL
-                     ORDER BY id LIMIT $2
-                 ),
-                 waiting AS (
-                     SELECT count(*) AS n FROM (SELECT 1 FROM messages
-                       WHERE recipient_id = $1 AND read_at IS NULL LIMIT $2 + $3) w
-                 )
-                 SELECT {INBOX_COLUMNS}, waiting.n AS waiting
+        let available = "m.recipient_id = $1 AND m.read_at IS NULL
+                         AND (m.leased_until IS NULL OR m.leased_until <= now())";
+        let count_waiting = format!(
+            "SELECT count(*) AS n FROM (SELECT 1 FROM messages m WHERE {available} LIMIT $2 + $3) w"
+        );
+        let sql = match req.mode {
+            InboxMode::History => format!(
+                "SELECT {MESSAGE_COLUMNS},
+                        (SELECT count(*) FROM (SELECT 1 FROM messages m WHERE {available} LIMIT $3) w) AS waiting
+                 FROM messages m
+                 JOIN agents s ON s.id = m.sender_id
+                 JOIN agents r ON r.id = m.recipient_id
+                 WHERE m.recipient_id = $1
+                 ORDER BY m.id DESC
+                 LIMIT $2"
+            ),
+            InboxMode::Peek => format!(
+                "WITH picked AS (SELECT m.id FROM messages m WHERE {available} ORDER BY m.id LIMIT $2),
+                      waiting AS ({count_waiting})
+                 SELECT {MESSAGE_COLUMNS}, waiting.n AS waiting
                  FROM waiting
                  LEFT JOIN (picked JOIN messages m ON m.id = picked.id
-                            JOIN agents s ON s.id = m.sender_id) ON true
+                            JOIN agents s ON s.id = m.sender_id
+                            JOIN agents r ON r.id = m.recipient_id) ON true
                  ORDER BY m.id"
-            )
-        } else {
-            format!(
-                "WITH picked AS (
-                     SELECT id FROM messages
-                     WHERE recipient_id = $1 AND read_at IS NULL
-                     ORDER BY id LIMIT $2
-                     FOR UPDATE SKIP LOCKED
-                 ),
-                 marked AS (
-                     UPDATE messages m SET read_at = now()
-                     FROM picked WHERE m.id = picked.id
-                     RETURNING m.*
-                 ),
-                 waiting AS (
-                     SELECT count(*) AS n FROM (SELECT 1 FROM messages
-                       WHERE recipient_id = $1 AND read_at IS NULL LIMIT $2 + $3) w
-                 )
-                 SELECT {INBOX_COLUMNS}, waiting.n AS waiting
-                 FROM waiting
-                 LEFT JOIN (marked m JOIN agents s ON s.id = m.sender_id) ON true
-                 ORDER BY m.id"
-            )
+            ),
+            // Read and lease lock the oldest available messages and update
+            // them in one statement (one transaction). SKIP LOCKED lets
+            // concurrent pollers of one inbox, on any replica, take
+            // disjoint messages.
+            InboxMode::Read | InboxMode::Lease { .. } => {
+                let set = if matches!(req.mode, InboxMode::Read) {
+                    "read_at = now(), leased_until = NULL"
+                } else {
+                    "leased_until = now() + make_interval(secs => $4)"
+                };
+                format!(
+                    "WITH picked AS (
+                         SELECT m.id FROM messages m WHERE {available}
+                         ORDER BY m.id LIMIT $2 FOR UPDATE SKIP LOCKED
+                     ),
+                     taken AS (
+                         UPDATE messages m SET {set}, delivery_count = m.delivery_count + 1
+                         FROM picked WHERE m.id = picked.id
+                         RETURNING m.*
+                     ),
+                     waiting AS ({count_waiting})
+                     SELECT {MESSAGE_COLUMNS}, waiting.n AS waiting
+                     FROM waiting
+                     LEFT JOIN (taken m JOIN agents s ON s.id = m.sender_id
+                                JOIN agents r ON r.id = m.recipient_id) ON true
+                     ORDER BY m.id"
+                )
+            }
         };
         let stmt = client.prepare_cached(&sql).await?;
-        let rows = client.query(&stmt, &[&me.id, &limit, &UNREAD_COUNT_CAP]).await?;
-        let waiting: i64 = rows.first().map_or(0, |r| r.get("waiting"));
-        let messages: Vec<InboxMessage> = rows
+        let rows = match req.mode {
+            InboxMode::Lease { seconds } => {
+                let seconds = f64::from(seconds);
+                client.query(&stmt, &[&me.id, &limit, &UNREAD_COUNT_CAP, &seconds]).await?
+            }
+            _ => client.query(&stmt, &[&me.id, &limit, &UNREAD_COUNT_CAP]).await?,
+        };
+        let leased = matches!(req.mode, InboxMode::Lease { .. });
+        let waiting: i64 = match rows.first() {
+            Some(row) => row.get("waiting"),
+            None => 0,
+        };
+        let messages: Vec<Message> = rows
             .iter()
             .filter(|r| r.get::<_, Option<i64>>("id").is_some())
-            .map(|r| inbox_message(r, me))
+            .map(|r| message(r, leased))
             .collect();
         // The count saw the snapshot before this poll, where what it just
-        // marked read was still unread. A peek leaves everything waiting.
-        let consumed = if req.peek { 0 } else { messages.len() as i64 };
-        let unread_remaining = (waiting - consumed).clamp(0, UNREAD_COUNT_CAP);
+        // took was still available. Peek and history take nothing.
+        let taken = match req.mode {
+            InboxMode::Read | InboxMode::Lease { .. } => messages.len() as i64,
+            InboxMode::Peek | InboxMode::History => 0,
+        };
+        let unread_remaining = (waiting - taken).clamp(0, UNREAD_COUNT_CAP);
         Ok(Inbox { messages, unread_remaining })
     }
 
-    async fn unread_count(
-        &self,
-        client: &deadpool_postgres::Client,
-        me: &Caller,
-    ) -> Result<i64, PhoneError> {
+    /// Acknowledges leased (or any received) messages: they will not come back.
+    pub async fn ack(&self, me: &Caller, ids: &[MessageId]) -> Result<Acked, PhoneError> {
+        let client = self.pool().get().await?;
+        let raw: Vec<i64> = ids.iter().map(|m| m.0).collect();
         let stmt = client
             .prepare_cached(
-                "SELECT count(*) FROM (SELECT 1 FROM messages
-                   WHERE recipient_id = $1 AND read_at IS NULL LIMIT $2) w",
+                "WITH acked AS (
+                     UPDATE messages
+                     SET acked_at = now(), read_at = coalesce(read_at, now()), leased_until = NULL
+                     WHERE recipient_id = $1 AND id = ANY($2) AND acked_at IS NULL
+                     RETURNING id)
+                 SELECT id FROM acked
+                 UNION
+                 SELECT id FROM messages WHERE recipient_id = $1 AND id = ANY($2) AND acked_at IS NOT NULL",
             )
             .await?;
-        Ok(client.query_one(&stmt, &[&me.id, &UNREAD_COUNT_CAP]).await?.get(0))
+        let done: std::collections::HashSet<i64> =
+            client.query(&stmt, &[&me.id, &raw]).await?.iter().map(|r| r.get(0)).collect();
+        let (acknowledged, not_found): (Vec<MessageId>, Vec<MessageId>) =
+            ids.iter().partition(|m| done.contains(&m.0));
+        Ok(Acked {
+            acknowledged: acknowledged.iter().map(ToString::to_string).collect(),
+            not_found: not_found.iter().map(ToString::to_string).collect(),
+        })
     }
+
+    /// What the caller sent, newest first, with each message's state.
+    pub async fn outbox(&self, me: &Caller, limit: u32, before: Option<i64>) -> Result<Outbox, PhoneError> {
+        let client = self.pool().get().await?;
+        let stmt = client
+            .prepare_cached(
+                "SELECT m.id, r.name AS recipient, m.subject, m.body, m.reply_to, m.thread_id,
+                        m.sent_at, m.read_at, m.acked_at, m.delivery_count,
+                        CASE WHEN m.acked_at IS NOT NULL THEN 'acknowledged'
+                             WHEN m.read_at IS NOT NULL THEN 'read'
+                             WHEN m.leased_until > now() THEN 'leased'
+                             ELSE 'waiting' END AS state
+                 FROM messages m JOIN agents r ON r.id = m.recipient_id
+                 WHERE m.sender_id = $1 AND ($2::bigint IS NULL OR m.id < $2)
+                 ORDER BY m.id DESC
+                 LIMIT $3",
+            )
+            .await?;
+        let fetch = i64::from(limit) + 1;
+        let rows = client.query(&stmt, &[&me.id, &before, &fetch]).await?;
+        let mut messages: Vec<OutboxEntry> = rows
+            .iter()
+            .map(|row| OutboxEntry {
+                id: MessageId(row.get("id")).to_string(),
+                to: row.get("recipient"),
+                subject: row.get("subject"),
+                body: row.get("body"),
+                reply_to: row.get::<_, Option<i64>>("reply_to").map(|id| MessageId(id).to_string()),
+                thread_id: MessageId(row.get("thread_id")).to_string(),
+                state: row.get("state"),
+                sent_at: timestamp(row.get("sent_at")),
+                read_at: row.get::<_, Option<DateTime<Utc>>>("read_at").map(timestamp),
+                acknowledged_at: row.get::<_, Option<DateTime<Utc>>>("acked_at").map(timestamp),
+                delivery_count: row.get("delivery_count"),
+            })
+            .collect();
+        let next_cursor = if messages.len() > limit as usize {
+            messages.truncate(limit as usize);
+            rows.get(limit as usize - 1).map(|r| encode_cursor(r.get("id")))
+        } else {
+            None
+        };
+        Ok(Outbox { messages, next_cursor })
+    }
+
+    /// The conversation a message belongs to, oldest first, for its
+    /// participants only.
+    pub async fn thread(
+        &self,
+        me: &Caller,
+        message_id: MessageId,
+        limit: u32,
+        after: Option<i64>,
+    ) -> Result<Thread, PhoneError> {
+        let client = self.pool().get().await?;
+        let stmt = client
+            .prepare_cached(
+                "SELECT thread_id FROM messages WHERE id = $1 AND (sender_id = $2 OR recipient_id = $2)",
+            )
+            .await?;
+        let thread_id: i64 = client
+            .query_opt(&stmt, &[&message_id.0, &me.id])
+            .await?
+            .ok_or(PhoneError::UnknownMessage(message_id))?
+            .get(0);
+        let stmt = client
+            .prepare_cached(&format!(
+                "SELECT {MESSAGE_COLUMNS}
+                 FROM messages m
+                 JOIN agents s ON s.id = m.sender_id
+                 JOIN agents r ON r.id = m.recipient_id
+                 WHERE m.thread_id = $1 AND (m.sender_id = $2 OR m.recipient_id = $2)
+                   AND ($3::bigint IS NULL OR m.id > $3)
+                 ORDER BY m.id
+                 LIMIT $4"
+            ))
+            .await?;
+        let fetch = i64::from(limit) + 1;
+        let rows = client.query(&stmt, &[&thread_id, &me.id, &after, &fetch]).await?;
+        let mut messages: Vec<Message> = rows.iter().map(|r| message(r, false)).collect();
+        let next_cursor = if messages.len() > limit as usize {
+            messages.truncate(limit as usize);
+            rows.get(limit as usize - 1).map(|r| encode_cursor(r.get("id")))
+        } else {
+            None
+        };
+        Ok(Thread { thread_id: MessageId(thread_id).to_string(), messages, next_cursor })
+    }
+}
+
+/// Parses the `ids` of phone_ack.
+pub fn parse_ack_ids(raw: &[&str]) -> Result<Vec<MessageId>, InvalidInput> {
+    if raw.is_empty() {
+        return Err(InvalidInput::new("ids", "must list at least one message id"));
+    }
+    if raw.len() > ACK_IDS_MAX {
+        return Err(InvalidInput::new(
+            "ids",
+            format!("lists {} ids; acknowledge at most {ACK_IDS_MAX} per call", raw.len()),
+        ));
+    }
+    raw.iter().map(|id| MessageId::parse("ids", id)).collect()
 }

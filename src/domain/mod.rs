@@ -3,8 +3,12 @@
 pub mod agents;
 pub mod messages;
 pub mod types;
+pub mod wakeup;
+
+use std::sync::Arc;
 
 use deadpool_postgres::Pool;
+use tokio_util::sync::CancellationToken;
 
 pub use types::{AgentName, IdempotencyKey, InvalidInput, MessageId, Token};
 
@@ -30,6 +34,8 @@ pub enum PhoneError {
         "idempotency_key '{0}' was already used for a different message; use a new key for a new message"
     )]
     IdempotencyConflict(String),
+    #[error("name '{0}' was unregistered recently and stays reserved until {1}; pick another name")]
+    NameReserved(AgentName, String),
     #[error("the mailbox is temporarily unavailable ({0}); retry in a few seconds")]
     Unavailable(String),
     #[error("internal error; retry later")]
@@ -69,6 +75,7 @@ impl PhoneError {
         match self {
             Self::Invalid(_) => "invalid_argument",
             Self::NameTaken(_) => "name_taken",
+            Self::NameReserved(..) => "name_reserved",
             Self::Unauthenticated(_) => "unauthenticated",
             Self::UnknownAgent(_) => "unknown_agent",
             Self::UnknownMessage(_) => "unknown_message",
@@ -84,15 +91,22 @@ impl PhoneError {
 #[derive(Clone)]
 pub struct Phone {
     pool: Pool,
+    wakeup: Arc<wakeup::Wakeup>,
+    /// Cancelled at shutdown, so long polls return at once.
+    shutdown: CancellationToken,
 }
 
 impl Phone {
-    pub fn new(pool: Pool) -> Self {
-        Self { pool }
+    pub fn new(pool: Pool, wakeup: Arc<wakeup::Wakeup>, shutdown: CancellationToken) -> Self {
+        Self { pool, wakeup, shutdown }
     }
 
     pub fn pool(&self) -> &Pool {
         &self.pool
+    }
+
+    pub fn wakeup(&self) -> &Arc<wakeup::Wakeup> {
+        &self.wakeup
     }
 }
 

@@ -77,6 +77,22 @@ impl<'a> Args<'a> {
         Ok(Some(n as u32))
     }
 
+    /// A list of strings; a single string counts as a list of one.
+    pub fn str_list(&self, key: &'static str) -> Result<Vec<&'a str>, InvalidInput> {
+        match self.value(key) {
+            None => Ok(Vec::new()),
+            Some(Value::String(s)) => Ok(vec![s.as_str()]),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|item| match item {
+                    Value::String(s) => Ok(s.as_str()),
+                    other => Err(wrong_type(key, "a list of strings", other)),
+                })
+                .collect(),
+            Some(other) => Err(wrong_type(key, "a list of strings", other)),
+        }
+    }
+
     pub fn bool(&self, key: &'static str) -> Result<bool, InvalidInput> {
         match self.value(key) {
             None => Ok(false),

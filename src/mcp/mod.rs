@@ -17,8 +17,8 @@ use serde::Serialize;
 use tracing::Instrument;
 
 use crate::domain::agents::{RegisterRequest, SearchRequest};
-use crate::domain::messages::{InboxRequest, SendRequest};
-use crate::domain::{AgentName, Caller, InvalidInput, Phone, PhoneError, Token};
+use crate::domain::messages::{self, InboxRequest, SendRequest};
+use crate::domain::{AgentName, Caller, InvalidInput, MessageId, Phone, PhoneError, Token};
 use args::Args;
 
 /// Built once; every request's handler is an `Arc` clone of it.
@@ -68,7 +68,10 @@ impl ServerHandler for PhoneServer {
         let name = request.name.as_ref();
         if !self.0.tools.iter().any(|t| t.name == name) {
             return Err(McpError::invalid_params(
-                format!("unknown tool '{name}'; this server has phone_register, phone_search, phone_send, phone_inbox"),
+                format!(
+                    "unknown tool '{name}'; this server has: {}",
+                    self.0.tools.iter().map(|t| t.name.as_ref()).collect::<Vec<_>>().join(", ")
+                ),
                 None,
             ));
         }
@@ -137,13 +140,52 @@ impl PhoneServer {
             tools::INBOX => {
                 let args = Args::new(tools::INBOX, arguments, tools::INBOX_ARGS)?;
                 let req = InboxRequest::parse(
-                    args.int("limit", 1, crate::domain::messages::INBOX_LIMIT_MAX)?,
+                    args.int("limit", 1, messages::INBOX_LIMIT_MAX)?,
                     args.bool("peek")?,
                     args.bool("include_read")?,
+                    args.str("mode")?,
+                    args.int("lease_seconds", 1, messages::LEASE_SECONDS_MAX)?,
+                    args.int("wait_seconds", 0, messages::WAIT_SECONDS_MAX)?,
                 )?;
                 let me = self.authenticate(&args, context).await?;
                 let out = phone.inbox(&me, req).await?;
                 Ok(success(&out, render::inbox(&out)))
+            }
+            tools::ACK => {
+                let args = Args::new(tools::ACK, arguments, tools::ACK_ARGS)?;
+                let ids = messages::parse_ack_ids(&args.str_list("ids")?)?;
+                let me = self.authenticate(&args, context).await?;
+                let out = phone.ack(&me, &ids).await?;
+                Ok(success(&out, render::acked(&out)))
+            }
+            tools::OUTBOX => {
+                let args = Args::new(tools::OUTBOX, arguments, tools::OUTBOX_ARGS)?;
+                let limit = args.int("limit", 1, messages::LIST_LIMIT_MAX)?.unwrap_or(20);
+                let before = args.str("cursor")?.map(messages::decode_cursor).transpose()?;
+                let me = self.authenticate(&args, context).await?;
+                let out = phone.outbox(&me, limit, before).await?;
+                Ok(success(&out, render::outbox(&out)))
+            }
+            tools::THREAD => {
+                let args = Args::new(tools::THREAD, arguments, tools::THREAD_ARGS)?;
+                let message_id = MessageId::parse("message_id", args.required_str("message_id")?)?;
+                let limit = args.int("limit", 1, messages::LIST_LIMIT_MAX)?.unwrap_or(50);
+                let after = args.str("cursor")?.map(messages::decode_cursor).transpose()?;
+                let me = self.authenticate(&args, context).await?;
+                let out = phone.thread(&me, message_id, limit, after).await?;
+                Ok(success(&out, render::thread(&out)))
+            }
+            tools::ROTATE => {
+                let args = Args::new(tools::ROTATE, arguments, tools::AUTH_ARGS)?;
+                let me = self.authenticate(&args, context).await?;
+                let out = phone.rotate_token(&me).await?;
+                Ok(success(&out, render::rotated(&out)))
+            }
+            tools::UNREGISTER => {
+                let args = Args::new(tools::UNREGISTER, arguments, tools::AUTH_ARGS)?;
+                let me = self.authenticate(&args, context).await?;
+                let out = phone.unregister(&me).await?;
+                Ok(success(&out, render::unregistered(&out)))
             }
             _ => Err(PhoneError::Internal),
         }

@@ -3,8 +3,8 @@
 
 use std::fmt::Write as _;
 
-use crate::domain::agents::{Registration, SearchResult};
-use crate::domain::messages::{Inbox, Sent};
+use crate::domain::agents::{Registration, Rotated, SearchResult, Unregistered};
+use crate::domain::messages::{Acked, Inbox, Message, Outbox, Sent, Thread};
 
 pub fn registration(r: &Registration) -> String {
     match &r.token {
@@ -47,13 +47,27 @@ pub fn inbox(r: &Inbox) -> String {
         n => n.to_string(),
     };
     let _ = writeln!(out, "{} message(s); {remaining} unread still waiting.", r.messages.len());
-    for m in &r.messages {
-        let _ = write!(out, "\n[{}] from {} (project {}) at {}", m.id, m.from, m.from_project, m.sent_at);
+    messages(&mut out, &r.messages);
+    out
+}
+
+pub fn thread(r: &Thread) -> String {
+    let mut out = format!("Thread {}: {} message(s), oldest first.\n", r.thread_id, r.messages.len());
+    messages(&mut out, &r.messages);
+    if let Some(cursor) = &r.next_cursor {
+        let _ = writeln!(out, "\nMore: cursor={cursor}");
+    }
+    out
+}
+
+fn messages(out: &mut String, list: &[Message]) {
+    for m in list {
+        let _ = write!(out, "\n[{}] from {} (project {}) to {} at {}", m.id, m.from, m.from_project, m.to, m.sent_at);
         if let Some(original) = &m.reply_to {
             let _ = write!(out, ", reply to {original}");
         }
-        if m.read_at.is_none() {
-            out.push_str(", unread");
+        if let Some(until) = &m.lease_expires_at {
+            let _ = write!(out, ", leased until {until} (delivery {})", m.delivery_count);
         }
         out.push('\n');
         if let Some(subject) = &m.subject {
@@ -63,5 +77,41 @@ pub fn inbox(r: &Inbox) -> String {
         // its verified name, so they are read as data, not as instructions.
         let _ = writeln!(out, "<message from=\"{}\">\n{}\n</message>", m.from, m.body.trim_end());
     }
+}
+
+pub fn acked(r: &Acked) -> String {
+    let mut out = format!("Acknowledged {} message(s).", r.acknowledged.len());
+    if !r.not_found.is_empty() {
+        let _ = write!(out, " Not messages addressed to you: {}.", r.not_found.join(", "));
+    }
     out
+}
+
+pub fn outbox(r: &Outbox) -> String {
+    if r.messages.is_empty() {
+        return "You have sent no messages.".into();
+    }
+    let mut out = String::new();
+    for m in &r.messages {
+        let subject = m.subject.as_deref().map(|s| format!(" \"{s}\"")).unwrap_or_default();
+        let _ = writeln!(out, "- [{}] to {}{subject} at {}: {}", m.id, m.to, m.sent_at, m.state);
+    }
+    if let Some(cursor) = &r.next_cursor {
+        let _ = writeln!(out, "More: cursor={cursor}");
+    }
+    out
+}
+
+pub fn rotated(r: &Rotated) -> String {
+    format!(
+        "New token for '{}': {}\nThe old token no longer works. Replace it in your notes now.",
+        r.name, r.token
+    )
+}
+
+pub fn unregistered(r: &Unregistered) -> String {
+    format!(
+        "'{}' is unregistered; its token no longer works. The name is reserved until {}.",
+        r.name, r.name_reserved_until
+    )
 }

@@ -1,0 +1,139 @@
+//! Wakes long-polling inbox calls when mail arrives, on any replica.
+//!
+//! One LISTEN connection per replica receives `phone_mail` notifications
+//! (payload: the recipient's agent id) and fans them out in-process to the
+//! local waiters of that agent. Waiting costs no queries.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use futures_util::{StreamExt, stream};
+use tokio::sync::watch;
+use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_util::sync::CancellationToken;
+
+pub const CHANNEL: &str = "phone_mail";
+
+#[derive(Default)]
+pub struct Wakeup {
+    /// Per agent: a counter bumped on every notification, and how many
+    /// local waiters hold it.
+    agents: Mutex<HashMap<i64, (watch::Sender<u64>, usize)>>,
+    listening: AtomicBool,
+}
+
+/// A local waiter's interest in one agent's mail; unregisters on drop.
+pub struct Subscription {
+    wakeup: Arc<Wakeup>,
+    agent_id: i64,
+    pub changes: watch::Receiver<u64>,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut agents = self.wakeup.agents.lock().expect("wakeup lock");
+        if let Some((_, holders)) = agents.get_mut(&self.agent_id) {
+            *holders -= 1;
+            if *holders == 0 {
+                agents.remove(&self.agent_id);
+            }
+        }
+    }
+}
+
+impl Wakeup {
+    pub fn subscribe(self: &Arc<Self>, agent_id: i64) -> Subscription {
+        let mut agents = self.agents.lock().expect("wakeup lock");
+        let entry = agents.entry(agent_id).or_insert_with(|| (watch::channel(0).0, 0));
+        entry.1 += 1;
+        let changes = entry.0.subscribe();
+        Subscription { wakeup: self.clone(), agent_id, changes }
+    }
+
+    /// Whether notifications currently arrive; when not, waiters re-check
+    /// on a slow timer instead.
+    pub fn is_listening(&self) -> bool {
+        self.listening.load(Ordering::Relaxed)
+    }
+
+    /// Local waiters right now (for metrics and tests).
+    pub fn waiters(&self) -> usize {
+        self.agents.lock().expect("wakeup lock").values().map(|(_, n)| n).sum()
+    }
+
+    fn wake(&self, agent_id: i64) {
+        if let Some((sender, _)) = self.agents.lock().expect("wakeup lock").get(&agent_id) {
+            sender.send_modify(|n| *n += 1);
+        }
+    }
+
+    fn wake_all(&self) {
+        for (sender, _) in self.agents.lock().expect("wakeup lock").values() {
+            sender.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// Keeps a LISTEN connection open until `stop`, reconnecting with
+    /// backoff. After a reconnect every local waiter re-checks its inbox,
+    /// since notifications sent meanwhile were lost.
+    pub async fn listen(self: Arc<Self>, database_url: String, stop: CancellationToken) {
+        let mut backoff = Duration::from_millis(200);
+        loop {
+            let attempt = async {
+                let (client, mut connection) = tokio_postgres::connect(&database_url, NoTls).await?;
+                let mut messages = stream::poll_fn(move |cx| connection.poll_message(cx));
+                let statement = format!("LISTEN {CHANNEL}");
+                {
+                    let listen = client.batch_execute(&statement);
+                    // The connection must be driven for LISTEN to complete.
+                    tokio::pin!(listen);
+                    loop {
+                        tokio::select! {
+                            done = &mut listen => { done?; break; }
+                            msg = messages.next() => match msg {
+                                Some(Ok(_)) => {}
+                                Some(Err(e)) => return Err(e),
+                                None => return Ok(()),
+                            }
+                        }
+                    }
+                }
+                self.listening.store(true, Ordering::Relaxed);
+                self.wake_all();
+                tracing::debug!("listening for mail notifications");
+                while let Some(msg) = messages.next().await {
+                    if let AsyncMessage::Notification(n) = msg? {
+                        if let Ok(agent_id) = n.payload().parse::<i64>() {
+                            self.wake(agent_id);
+                        }
+                    }
+                }
+                drop(client);
+                Ok::<(), tokio_postgres::Error>(())
+            };
+            let outcome = tokio::select! {
+                outcome = attempt => outcome,
+                _ = stop.cancelled() => return,
+            };
+            let was_listening = self.listening.swap(false, Ordering::Relaxed);
+            match outcome {
+                Err(e) => tracing::warn!(error = %e, "mail notification listener lost; reconnecting"),
+                Ok(()) => tracing::warn!("mail notification connection closed; reconnecting"),
+            }
+            if was_listening {
+                backoff = Duration::from_millis(200);
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = stop.cancelled() => return,
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+}
