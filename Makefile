@@ -1,4 +1,4 @@
-.PHONY: run test db-stop build clean
+.PHONY: run test db-stop build clean cluster cluster-stop
 
 ## run: build and start the server on :3000 (a private PostgreSQL under ./data/ unless DATABASE_URL is set)
 run:
@@ -11,6 +11,14 @@ test:
 ## db-stop: stop the PostgreSQL that `make run` started
 db-stop:
 	@scripts/pg.sh stop data/pg
+
+## cluster: CLUSTER_REPLICAS (3) release replicas on 127.0.0.1:3101.. behind nginx on :3000 (deploy/nginx.conf; see docs/DEPLOY.md)
+cluster:
+	@scripts/cluster.sh start
+
+## cluster-stop: stop exactly what `make cluster` started (nginx, replicas, and PostgreSQL if it started it)
+cluster-stop:
+	@scripts/cluster.sh stop
 
 build:
 	cargo build --release

@@ -41,6 +41,14 @@ pub struct Config {
     pub allowed_origins: Vec<String>,
     pub log_filter: String,
     pub log_format: LogFormat,
+    /// Failed authentications allowed per client address and per agent name
+    /// in a 5-minute window (0: unlimited).
+    pub auth_failure_limit: u32,
+    /// New registrations allowed per client address per hour (0: unlimited).
+    pub register_limit: u32,
+    /// Take the client address from the last `X-Forwarded-For` entry (set
+    /// this behind a proxy that appends it: nginx, Railway).
+    pub trust_forwarded_for: bool,
 }
 
 impl Config {
@@ -111,6 +119,9 @@ impl Config {
                 .filter(|v| !v.is_empty())
                 .unwrap_or_else(|| "info".into()),
             log_format,
+            auth_failure_limit: parse(&get, "PHONE_AUTH_FAILURE_LIMIT", 20)?,
+            register_limit: parse(&get, "PHONE_REGISTER_LIMIT", 60)?,
+            trust_forwarded_for: parse(&get, "PHONE_TRUST_FORWARDED_FOR", false)?,
         })
     }
 }

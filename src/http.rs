@@ -18,7 +18,6 @@ use rmcp::transport::streamable_http_server::{
 use serde_json::json;
 use tower_http::{
     limit::RequestBodyLimitLayer, set_header::SetResponseHeaderLayer, timeout::TimeoutLayer,
-    trace::TraceLayer,
 };
 
 use crate::{config::Config, domain::Phone, mcp::PhoneServer, store};
@@ -26,7 +25,7 @@ use crate::{config::Config, domain::Phone, mcp::PhoneServer, store};
 const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
 
 pub fn router(config: &Config, phone: Phone) -> Router {
-    let server = PhoneServer::new(phone.clone());
+    let server = PhoneServer::new(phone.clone(), config.trust_forwarded_for);
     let mut hosts: Vec<String> = LOOPBACK_HOSTS.iter().map(|h| h.to_string()).collect();
     hosts.extend(config.allowed_hosts.iter().cloned());
     let mcp_config = StreamableHttpServerConfig::default()
@@ -45,6 +44,7 @@ pub fn router(config: &Config, phone: Phone) -> Router {
     );
 
     let max_body = config.max_body_bytes;
+    crate::metrics::watch(&phone);
     Router::new()
         .nest_service("/mcp", mcp)
         .layer(middleware::from_fn(move |req, next| check_jsonrpc(max_body, req, next)))
@@ -66,7 +66,9 @@ pub fn router(config: &Config, phone: Phone) -> Router {
             header::X_FRAME_OPTIONS,
             HeaderValue::from_static("DENY"),
         ))
-        .layer(TraceLayer::new_for_http())
+        // Outermost: the request's span (joining the caller's W3C trace
+        // context), its trace id for the log, and the request metrics.
+        .layer(middleware::from_fn(crate::telemetry::trace_request))
 }
 
 /// 200 when Postgres answers within a second, 503 otherwise.

@@ -4,6 +4,7 @@ pub mod config;
 pub mod domain;
 pub mod http;
 pub mod mcp;
+pub mod metrics;
 pub mod startup;
 pub mod store;
 pub mod telemetry;

@@ -11,7 +11,15 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    telemetry::init(&config.log_filter, config.log_format);
+    let telemetry = match telemetry::TelemetryConfig::from_env(&config.log_filter, config.log_format)
+        .and_then(telemetry::init_with)
+    {
+        Ok(telemetry) => telemetry,
+        Err(e) => {
+            eprintln!("phone: configuration error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let app = match Application::build(&config).await {
         Ok(app) => app,
         Err(e) => {
@@ -21,11 +29,14 @@ async fn main() -> ExitCode {
         }
     };
     tracing::info!(address = %app.local_addr(), "phone listening; MCP endpoint at /mcp");
-    match app.run_until(startup::shutdown_signal()).await {
+    let outcome = match app.run_until(startup::shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "server error");
             ExitCode::FAILURE
         }
-    }
+    };
+    // Export what is still buffered (blocking: off the async workers).
+    let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+    outcome
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::{
     config::Config,
-    domain::{Phone, wakeup::Wakeup},
+    domain::{Phone, limits::Limits, wakeup::Wakeup},
     http, store,
 };
 
@@ -38,7 +38,8 @@ impl Application {
         let stopping = CancellationToken::new();
         let wakeup = Arc::new(Wakeup::default());
         tokio::spawn(wakeup.clone().listen(config.database_url.clone(), stopping.clone()));
-        let phone = Phone::new(pool, wakeup, stopping.clone());
+        let limits = Limits::new(config.auth_failure_limit, config.register_limit);
+        let phone = Phone::new(pool, wakeup, stopping.clone(), limits);
         let addr = SocketAddr::new(config.bind_address, config.port);
         let listener =
             TcpListener::bind(addr).await.map_err(|source| StartupError::Bind { addr, source })?;

@@ -4,6 +4,7 @@ use base64::Engine as _;
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 
+use super::limits::{self, AUTH_WINDOW, REGISTER_WINDOW};
 use super::types::{self, AgentName, InvalidInput, Token, TokenHash};
 use super::{Caller, Phone, PhoneError};
 
@@ -193,15 +194,25 @@ pub struct Unregistered {
     pub name_reserved_until: String,
 }
 
+const AUTH_FAILURES: &str = "failed authentication attempts";
+
 /// How often presence is written: at most once a minute per agent, so a
 /// busy agent costs no write per call.
 const PRESENCE_INTERVAL_SECS: f64 = 60.0;
 
 impl Phone {
-    pub async fn register(&self, req: RegisterRequest) -> Result<Registration, PhoneError> {
-        let client = self.pool().get().await?;
+    /// `client_address` identifies the caller's network address, for rate limits.
+    pub async fn register(
+        &self,
+        req: RegisterRequest,
+        client_address: &str,
+    ) -> Result<Registration, PhoneError> {
         match req.token {
             None => {
+                let bucket = limits::register_bucket(client_address);
+                self.check_block(&bucket, "registrations")?;
+                self.count(bucket, REGISTER_WINDOW, self.limits().registrations, "registrations").await?;
+                let client = self.pool().get().await?;
                 let token = Token::generate();
                 let hash = token.hash();
                 // A name released by phone_unregister stays reserved for a
@@ -255,6 +266,8 @@ impl Phone {
                 }
             }
             Some(token) => {
+                self.check_block(&limits::auth_bucket_for_address(client_address), AUTH_FAILURES)?;
+                let client = self.pool().get().await?;
                 let stmt = client
                     .prepare_cached(
                         "UPDATE agents
@@ -286,6 +299,8 @@ impl Phone {
                     )
                     .await?
                     .is_some();
+                drop(client);
+                self.count_auth_failure(client_address, Some(&req.name)).await?;
                 if exists {
                     Err(PhoneError::Unauthenticated(
                         "name already registered, and this token is not its token. Use the token issued for this name, or pick another name",
@@ -305,7 +320,9 @@ impl Phone {
         &self,
         token: &Token,
         claimed: Option<&AgentName>,
+        client_address: &str,
     ) -> Result<Caller, PhoneError> {
+        self.check_block(&limits::auth_bucket_for_address(client_address), AUTH_FAILURES)?;
         let hash: TokenHash = token.hash();
         let client = self.pool().get().await?;
         let stmt = client
@@ -315,16 +332,19 @@ impl Phone {
                  FROM agents WHERE token_hash = $1 AND unregistered_at IS NULL",
             )
             .await?;
-        let row = client
-            .query_opt(&stmt, &[&hash.as_bytes(), &PRESENCE_INTERVAL_SECS])
-            .await?
-            .ok_or(PhoneError::Unauthenticated(
+        let Some(row) = client.query_opt(&stmt, &[&hash.as_bytes(), &PRESENCE_INTERVAL_SECS]).await? else {
+            drop(client);
+            self.count_auth_failure(client_address, claimed).await?;
+            return Err(PhoneError::Unauthenticated(
                 "invalid token: no agent holds it. Use the token phone_register gave you (saved in your notes)",
-            ))?;
+            ));
+        };
         let name = AgentName::parse("name", row.get("name")).map_err(|_| PhoneError::Internal)?;
         if let Some(claimed) = claimed
             && claimed != &name
         {
+            drop(client);
+            self.count_auth_failure(client_address, Some(claimed)).await?;
             return Err(PhoneError::Unauthenticated(
                 "this token belongs to a different agent than `name`. Use each agent's own name and token together",
             ));
@@ -423,6 +443,23 @@ mod tests {
 }
 
 impl Phone {
+    /// Counts a failed authentication against the client's address and the
+    /// name it claimed; returns the rate-limit error once either is over.
+    async fn count_auth_failure(
+        &self,
+        client_address: &str,
+        claimed: Option<&AgentName>,
+    ) -> Result<(), PhoneError> {
+        let limit = self.limits().auth_failures;
+        self.count(limits::auth_bucket_for_address(client_address), AUTH_WINDOW, limit, AUTH_FAILURES)
+            .await?;
+        if let Some(name) = claimed {
+            self.count(limits::auth_bucket_for_name(name.as_str()), AUTH_WINDOW, limit, AUTH_FAILURES)
+                .await?;
+        }
+        Ok(())
+    }
+
     /// Issues a new token; the old one stops working with this statement.
     pub async fn rotate_token(&self, me: &Caller) -> Result<Rotated, PhoneError> {
         let token = Token::generate();

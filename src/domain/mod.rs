@@ -1,13 +1,14 @@
 //! The mailbox and the address book: the rules, and the SQL that enforces them.
 
 pub mod agents;
+pub mod limits;
 pub mod messages;
 pub mod types;
 pub mod wakeup;
 
 use std::sync::Arc;
 
-use deadpool_postgres::Pool;
+use crate::store::Pool;
 use tokio_util::sync::CancellationToken;
 
 pub use types::{AgentName, IdempotencyKey, InvalidInput, MessageId, Token};
@@ -36,6 +37,8 @@ pub enum PhoneError {
     IdempotencyConflict(String),
     #[error("name '{0}' was unregistered recently and stays reserved until {1}; pick another name")]
     NameReserved(AgentName, String),
+    #[error("too many {what} from here; retry after {retry_at}")]
+    RateLimited { what: &'static str, retry_at: String },
     #[error("the mailbox is temporarily unavailable ({0}); retry in a few seconds")]
     Unavailable(String),
     #[error("internal error; retry later")]
@@ -81,6 +84,7 @@ impl PhoneError {
             Self::UnknownMessage(_) => "unknown_message",
             Self::ReplyToOtherParty { .. } => "reply_mismatch",
             Self::IdempotencyConflict(_) => "idempotency_conflict",
+            Self::RateLimited { .. } => "rate_limited",
             Self::Unavailable(_) => "unavailable",
             Self::Internal => "internal",
         }
@@ -94,11 +98,21 @@ pub struct Phone {
     wakeup: Arc<wakeup::Wakeup>,
     /// Cancelled at shutdown, so long polls return at once.
     shutdown: CancellationToken,
+    limits: Arc<limits::Limits>,
 }
 
 impl Phone {
-    pub fn new(pool: Pool, wakeup: Arc<wakeup::Wakeup>, shutdown: CancellationToken) -> Self {
-        Self { pool, wakeup, shutdown }
+    pub fn new(
+        pool: Pool,
+        wakeup: Arc<wakeup::Wakeup>,
+        shutdown: CancellationToken,
+        limits: limits::Limits,
+    ) -> Self {
+        Self { pool, wakeup, shutdown, limits: Arc::new(limits) }
+    }
+
+    pub fn limits(&self) -> &limits::Limits {
+        &self.limits
     }
 
     pub fn pool(&self) -> &Pool {

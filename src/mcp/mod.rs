@@ -24,6 +24,7 @@ use args::Args;
 /// Built once; every request's handler is an `Arc` clone of it.
 pub struct Surface {
     phone: Phone,
+    trust_forwarded_for: bool,
     tools: Vec<Tool>,
     info: ServerConfig,
 }
@@ -32,14 +33,14 @@ pub struct Surface {
 pub struct PhoneServer(Arc<Surface>);
 
 impl PhoneServer {
-    pub fn new(phone: Phone) -> Self {
+    pub fn new(phone: Phone, trust_forwarded_for: bool) -> Self {
         let info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(
                 Implementation::new("phone", env!("CARGO_PKG_VERSION"))
                     .with_title("phone: mailbox and address book for AI agents"),
             )
             .with_instructions(tools::INSTRUCTIONS);
-        Self(Arc::new(Surface { phone, tools: tools::definitions(), info }))
+        Self(Arc::new(Surface { phone, trust_forwarded_for, tools: tools::definitions(), info }))
     }
 
     pub fn tools(&self) -> &[Tool] {
@@ -75,8 +76,18 @@ impl ServerHandler for PhoneServer {
                 None,
             ));
         }
-        let span = tracing::info_span!("tool", tool = %name, agent = tracing::field::Empty, outcome = tracing::field::Empty, error.kind = tracing::field::Empty);
+        let started = std::time::Instant::now();
+        let span = tracing::info_span!(
+            "tool",
+            otel.name = %format_args!("tools/call {name}"),
+            otel.status_code = tracing::field::Empty,
+            tool = %name,
+            agent = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+            error.kind = tracing::field::Empty
+        );
         let result = self.dispatch(&request, &context).instrument(span.clone()).await;
+        let mut error_kind = None;
         let result = match result {
             Ok(result) => {
                 span.record("outcome", "ok");
@@ -85,9 +96,14 @@ impl ServerHandler for PhoneServer {
             Err(err) => {
                 span.record("outcome", "error");
                 span.record("error.kind", err.kind());
+                if matches!(err, PhoneError::Internal | PhoneError::Unavailable(_)) {
+                    span.record("otel.status_code", "error");
+                }
+                error_kind = Some(err.kind());
                 tool_error(&err)
             }
         };
+        crate::metrics::tool_call(&request, &result, error_kind, started.elapsed());
         Ok(result.into())
     }
 }
@@ -110,7 +126,7 @@ impl PhoneServer {
                     args.str("token")?,
                 )?;
                 tracing::Span::current().record("agent", req.name.as_str());
-                let out = phone.register(req).await?;
+                let out = phone.register(req, &self.client_address(context)).await?;
                 Ok(success(&out, render::registration(&out)))
             }
             tools::SEARCH => {
@@ -214,9 +230,32 @@ impl PhoneServer {
                 ));
             }
         };
-        let caller = self.0.phone.authenticate(&token, claimed.as_ref()).await?;
+        let address = self.client_address(context);
+        let caller = self.0.phone.authenticate(&token, claimed.as_ref(), &address).await?;
         tracing::Span::current().record("agent", caller.name.as_str());
         Ok(caller)
+    }
+}
+
+impl PhoneServer {
+    /// The caller's network address, for rate limits: the peer address, or
+    /// behind a trusted proxy the last `X-Forwarded-For` entry (the one the
+    /// proxy itself appended; earlier entries are the client's to forge).
+    fn client_address(&self, context: &RequestContext<RoleServer>) -> String {
+        let Some(parts) = context.extensions.get::<http::request::Parts>() else {
+            return "unknown".into();
+        };
+        if self.0.trust_forwarded_for
+            && let Some(forwarded) = parts.headers.get("x-forwarded-for").and_then(|v| v.to_str().ok())
+            && let Some(last) = forwarded.rsplit(',').next().map(str::trim).filter(|s| !s.is_empty())
+        {
+            return last.to_owned();
+        }
+        parts
+            .extensions
+            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+            .map(|info| info.0.ip().to_string())
+            .unwrap_or_else(|| "unknown".into())
     }
 }
 

@@ -1,11 +1,12 @@
 //! PostgreSQL access: the connection pool, migrations, and error classification.
 
-use std::time::Duration;
-
-use deadpool_postgres::{
-    Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime, Timeouts,
+use std::{
+    ops::{Deref, DerefMut},
+    time::{Duration, Instant},
 };
-use tokio_postgres::NoTls;
+
+use deadpool_postgres::{Manager, ManagerConfig, PoolError, RecyclingMethod, Runtime, Timeouts};
+use tokio_postgres::{NoTls, Row, Statement, types::ToSql};
 
 use crate::config::Config;
 
@@ -63,6 +64,260 @@ impl StoreError {
     }
 }
 
+/// The connection pool. Derefs to deadpool's pool (status, close, …);
+/// `get` hands out a [`Client`] whose statements are traced and timed.
+#[derive(Clone)]
+pub struct Pool(deadpool_postgres::Pool);
+
+impl Pool {
+    /// A pooled connection; waits at most the pool timeout.
+    pub async fn get(&self) -> Result<Client, PoolError> {
+        let started = Instant::now();
+        let client = self.0.get().await;
+        crate::metrics::pool_wait(started.elapsed());
+        Ok(Client(client?))
+    }
+}
+
+impl Deref for Pool {
+    type Target = deadpool_postgres::Pool;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+/// A pooled connection. Its query methods shadow tokio-postgres' own: each
+/// statement runs in a `db` span (OpenTelemetry client span: operation,
+/// table and the parameterised SQL text, never the parameters) and is timed
+/// for `db.client.operation.duration`. Anything else derefs to the
+/// underlying client. Both cost nothing while telemetry export is off.
+pub struct Client(deadpool_postgres::Object);
+
+impl Deref for Client {
+    type Target = deadpool_postgres::Object;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl DerefMut for Client {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+/// A prepared (cached) statement that remembers its SQL while statements
+/// are traced. Derefs to the tokio-postgres `Statement`.
+pub struct Prepared {
+    statement: Statement,
+    sql: Option<Box<str>>,
+}
+
+impl Deref for Prepared {
+    type Target = Statement;
+    fn deref(&self) -> &Statement {
+        &self.statement
+    }
+}
+
+/// What [`Client`]'s query methods accept: a [`Prepared`] statement, a
+/// tokio-postgres `Statement`, or SQL text.
+pub trait Sql: Send + Sync {
+    fn statement(&self) -> StatementRef<'_>;
+    /// The SQL text, when known (for the span).
+    fn text(&self) -> Option<&str>;
+}
+
+pub enum StatementRef<'a> {
+    Prepared(&'a Statement),
+    Text(&'a str),
+}
+
+impl Sql for Prepared {
+    fn statement(&self) -> StatementRef<'_> {
+        StatementRef::Prepared(&self.statement)
+    }
+    fn text(&self) -> Option<&str> {
+        self.sql.as_deref()
+    }
+}
+
+impl Sql for Statement {
+    fn statement(&self) -> StatementRef<'_> {
+        StatementRef::Prepared(self)
+    }
+    fn text(&self) -> Option<&str> {
+        None
+    }
+}
+
+impl Sql for str {
+    fn statement(&self) -> StatementRef<'_> {
+        StatementRef::Text(self)
+    }
+    fn text(&self) -> Option<&str> {
+        Some(self)
+    }
+}
+
+impl Sql for String {
+    fn statement(&self) -> StatementRef<'_> {
+        StatementRef::Text(self)
+    }
+    fn text(&self) -> Option<&str> {
+        Some(self)
+    }
+}
+
+type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
+
+/// Statement spans: `db` spans at DEBUG under `phone::store`, exported by
+/// the OpenTelemetry layer and invisible to the log at the default level.
+fn db_spans_enabled() -> bool {
+    tracing::span_enabled!(target: "phone::store", tracing::Level::DEBUG)
+}
+
+macro_rules! traced {
+    ($self:ident, $stmt:ident, $call:ident, $params:ident) => {{
+        let span = if db_spans_enabled() {
+            db_span($stmt.text())
+        } else {
+            tracing::Span::none()
+        };
+        let started = crate::metrics::enabled().then(Instant::now);
+        let outcome = {
+            use tracing::Instrument as _;
+            let client: &tokio_postgres::Client = &$self.0;
+            let call = async {
+                match $stmt.statement() {
+                    StatementRef::Prepared(s) => client.$call(s, $params).await,
+                    StatementRef::Text(s) => client.$call(s, $params).await,
+                }
+            };
+            call.instrument(span.clone()).await
+        };
+        if let Err(e) = &outcome {
+            span.record("otel.status_code", "error");
+            span.record("error.type", e.code().map_or("connection", |c| c.code()));
+        }
+        if let Some(started) = started {
+            let (operation, collection) = summarize($stmt.text().unwrap_or(""));
+            crate::metrics::db_operation(operation, collection, outcome.is_ok(), started.elapsed());
+        }
+        outcome
+    }};
+}
+
+impl Client {
+    /// Prepares through deadpool's per-connection statement cache.
+    pub async fn prepare_cached(&self, sql: &str) -> Result<Prepared, tokio_postgres::Error> {
+        let statement = self.0.prepare_cached(sql).await?;
+        let sql = (db_spans_enabled() || crate::metrics::enabled()).then(|| sql.into());
+        Ok(Prepared { statement, sql })
+    }
+
+    pub async fn query<T: Sql + ?Sized>(
+        &self,
+        stmt: &T,
+        params: Params<'_>,
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        traced!(self, stmt, query, params)
+    }
+
+    pub async fn query_one<T: Sql + ?Sized>(
+        &self,
+        stmt: &T,
+        params: Params<'_>,
+    ) -> Result<Row, tokio_postgres::Error> {
+        traced!(self, stmt, query_one, params)
+    }
+
+    pub async fn query_opt<T: Sql + ?Sized>(
+        &self,
+        stmt: &T,
+        params: Params<'_>,
+    ) -> Result<Option<Row>, tokio_postgres::Error> {
+        traced!(self, stmt, query_opt, params)
+    }
+
+    pub async fn execute<T: Sql + ?Sized>(
+        &self,
+        stmt: &T,
+        params: Params<'_>,
+    ) -> Result<u64, tokio_postgres::Error> {
+        traced!(self, stmt, execute, params)
+    }
+}
+
+fn db_span(sql: Option<&str>) -> tracing::Span {
+    let sql = sql.unwrap_or("");
+    let (operation, collection) = summarize(sql);
+    let name = match collection {
+        Some(table) => format!("{operation} {table}"),
+        None => operation.to_owned(),
+    };
+    tracing::debug_span!(
+        target: "phone::store",
+        "db",
+        otel.name = %name,
+        otel.kind = "client",
+        otel.status_code = tracing::field::Empty,
+        db.system.name = "postgresql",
+        db.operation.name = operation,
+        db.collection.name = collection,
+        db.query.text = %collapse_whitespace(sql),
+        error.type = tracing::field::Empty,
+    )
+}
+
+/// The operation and main table of a statement, for span names and metric
+/// attributes: the first INSERT/UPDATE/DELETE target when the statement
+/// modifies data (also inside `WITH`), else the first table read.
+pub fn summarize(sql: &str) -> (&'static str, Option<&str>) {
+    let words: Vec<&str> = sql
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
+        .filter(|w| !w.is_empty())
+        .collect();
+    let is = |w: &str, k: &str| w.eq_ignore_ascii_case(k);
+    let table = |i: usize| {
+        words.get(i).copied().filter(|w| {
+            !["select", "with", "only", "lateral"].iter().any(|k| is(w, k))
+                && w.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        })
+    };
+    for (i, w) in words.iter().enumerate() {
+        if is(w, "insert") && words.get(i + 1).is_some_and(|n| is(n, "into")) {
+            return ("INSERT", table(i + 2));
+        }
+        // Not a row lock (`FOR [NO KEY] UPDATE`) nor `ON CONFLICT DO UPDATE`.
+        let locking = i > 0 && ["for", "key", "do"].iter().any(|k| is(words[i - 1], k));
+        if is(w, "update") && !locking {
+            return ("UPDATE", table(i + 1));
+        }
+        if is(w, "delete") && words.get(i + 1).is_some_and(|n| is(n, "from")) {
+            return ("DELETE", table(i + 2));
+        }
+    }
+    let first = words.first().copied().unwrap_or("");
+    let operation = if is(first, "select") || is(first, "with") {
+        "SELECT"
+    } else if is(first, "listen") {
+        "LISTEN"
+    } else {
+        "OTHER"
+    };
+    let collection = words
+        .iter()
+        .enumerate()
+        .filter(|(_, w)| is(w, "from"))
+        .find_map(|(i, _)| table(i + 1));
+    (operation, collection)
+}
+
+fn collapse_whitespace(sql: &str) -> String {
+    sql.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 pub fn connect_pool(config: &Config) -> Result<Pool, StoreError> {
     let pg: tokio_postgres::Config =
         config.database_url.parse().map_err(|e: tokio_postgres::Error| StoreError::Config(e.to_string()))?;
@@ -78,7 +333,7 @@ pub fn connect_pool(config: &Config) -> Result<Pool, StoreError> {
         // ends), so checking `is_closed` is enough after a database restart.
         ManagerConfig { recycling_method: RecyclingMethod::Fast },
     );
-    Pool::builder(manager)
+    deadpool_postgres::Pool::builder(manager)
         .max_size(config.pool_size)
         .runtime(Runtime::Tokio1)
         .timeouts(Timeouts {
@@ -87,6 +342,7 @@ pub fn connect_pool(config: &Config) -> Result<Pool, StoreError> {
             recycle: Some(config.pool_timeout),
         })
         .build()
+        .map(Pool)
         .map_err(|e| StoreError::Config(e.to_string()))
 }
 

@@ -1,0 +1,966 @@
+//! phone-bench: the load generator and benchmark driver behind `make bench`.
+//!
+//! It expects a running PostgreSQL (bench/run.sh starts one) and the release
+//! `phone` binary next to itself. It starts the replicas, drives `/mcp` over
+//! HTTP/1.1 keep-alive with real MCP requests, runs the raw-SQL baselines,
+//! and writes a Markdown report.
+//!
+//!   phone-bench run [--quick] [--pg-port 54332] [--pg-dir data/bench-pg]
+//!                   [--out bench/RESULTS.md] [--command "make bench"]
+//!                   [--pool-size 16] [--base-port 3101] [--only mix,rate,search,growth,fsync]
+
+#[path = "phone-bench/db.rs"]
+mod db;
+#[path = "phone-bench/load.rs"]
+mod load;
+#[path = "phone-bench/mcp.rs"]
+mod mcp;
+#[path = "phone-bench/stats.rs"]
+mod stats;
+
+use std::{
+    collections::BTreeSet,
+    fmt::Write as _,
+    path::{Path, PathBuf},
+    process::{ExitCode, Stdio},
+    time::{Duration, Instant},
+};
+
+use load::{Agent, SearchQuery};
+use mcp::Target;
+use stats::{CpuProbe, CpuUse, Mem, Summary};
+
+struct Opts {
+    quick: bool,
+    pg_port: u16,
+    pg_dir: PathBuf,
+    pg_bin: PathBuf,
+    out: PathBuf,
+    command: String,
+    pool_size: usize,
+    base_port: u16,
+    only: Option<BTreeSet<String>>,
+}
+
+struct Mode {
+    name: &'static str,
+    warmup: Duration,
+    measure: Duration,
+    pgbench_secs: u64,
+    search_sizes: Vec<i64>,
+    search_secs: Duration,
+    growth_small: i64,
+    growth_large: i64,
+    budget: Duration,
+}
+
+impl Mode {
+    fn new(quick: bool) -> Self {
+        if quick {
+            Mode {
+                name: "quick",
+                warmup: Duration::from_secs(1),
+                measure: Duration::from_secs(3),
+                pgbench_secs: 3,
+                search_sizes: vec![10_000, 100_000],
+                search_secs: Duration::from_millis(1500),
+                growth_small: 10_000,
+                growth_large: 1_000_000,
+                budget: Duration::from_secs(110),
+            }
+        } else {
+            Mode {
+                name: "full",
+                warmup: Duration::from_secs(2),
+                measure: Duration::from_secs(12),
+                pgbench_secs: 12,
+                search_sizes: vec![10_000, 100_000, 1_000_000],
+                search_secs: Duration::from_secs(3),
+                growth_small: 10_000,
+                growth_large: 10_000_000,
+                budget: Duration::from_secs(570),
+            }
+        }
+    }
+}
+
+const CONCURRENCY: [usize; 2] = [16, 64];
+const REPLICAS: [usize; 2] = [1, 3];
+const SEARCH_WORKERS: usize = 2;
+const GROWTH_AGENTS: i64 = 1000;
+const GROWTH_MEASURED: usize = 16;
+const DB_MIX: &str = "phone_bench";
+const DB_SEARCH: &str = "phone_bench_search";
+const DB_GROWTH: &str = "phone_bench_growth";
+
+fn main() -> ExitCode {
+    let opts = match parse_args() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("phone-bench: {e}");
+            eprintln!("usage: phone-bench run [--quick] [--pg-port N] [--pg-dir DIR] [--out FILE] [--command TEXT] [--pool-size N] [--base-port N] [--only LIST]");
+            return ExitCode::from(2);
+        }
+    };
+    // One worker thread: the generator should take as little of the two
+    // cores as possible from the server and Postgres it measures.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match rt.block_on(run(opts)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("phone-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn parse_args() -> Result<Opts, String> {
+    let mut args = std::env::args().skip(1);
+    match args.next().as_deref() {
+        Some("run") => {}
+        other => return Err(format!("expected the `run` command, got {other:?}")),
+    }
+    let mut o = Opts {
+        quick: false,
+        pg_port: 54332,
+        pg_dir: PathBuf::from("data/bench-pg"),
+        pg_bin: find_pg_bin().unwrap_or_else(|| PathBuf::from("/usr/lib/postgresql/15/bin")),
+        out: PathBuf::from("bench/RESULTS.md"),
+        command: "phone-bench run".into(),
+        pool_size: 16,
+        base_port: 3101,
+        only: None,
+    };
+    while let Some(a) = args.next() {
+        let mut value = || args.next().ok_or_else(|| format!("{a} needs a value"));
+        match a.as_str() {
+            "--quick" => o.quick = true,
+            "--pg-port" => o.pg_port = value()?.parse().map_err(|e| format!("--pg-port: {e}"))?,
+            "--pg-dir" => o.pg_dir = PathBuf::from(value()?),
+            "--pg-bin" => o.pg_bin = PathBuf::from(value()?),
+            "--out" => o.out = PathBuf::from(value()?),
+            "--command" => o.command = value()?,
+            "--pool-size" => o.pool_size = value()?.parse().map_err(|e| format!("--pool-size: {e}"))?,
+            "--base-port" => o.base_port = value()?.parse().map_err(|e| format!("--base-port: {e}"))?,
+            "--only" => o.only = Some(value()?.split(',').map(|s| s.trim().to_owned()).collect()),
+            other => return Err(format!("unknown option {other}")),
+        }
+    }
+    Ok(o)
+}
+
+fn find_pg_bin() -> Option<PathBuf> {
+    let mut dirs: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let v = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("pgbench").exists().then_some((v, bin))
+        })
+        .collect();
+    dirs.sort();
+    dirs.pop().map(|(_, p)| p)
+}
+
+/// Progress on stderr, with the time since start.
+macro_rules! say {
+    ($t0:expr, $($arg:tt)*) => {
+        eprintln!("[{:>6.1}s] {}", $t0.elapsed().as_secs_f64(), format!($($arg)*))
+    };
+}
+
+// ---------------------------------------------------------------------------
+// Replicas
+
+struct Replica {
+    child: tokio::process::Child,
+    pid: u32,
+    port: u16,
+    role: String,
+    idle: Mem,
+}
+
+async fn start_replicas(
+    opts: &Opts,
+    database: &str,
+    n: usize,
+    first_port: u16,
+    role: &str,
+) -> Result<Vec<Replica>, String> {
+    let bin = std::env::current_exe()
+        .map_err(|e| e.to_string())?
+        .parent()
+        .ok_or("no exe dir")?
+        .join("phone");
+    if !bin.exists() {
+        return Err(format!("{} not found: build it with cargo build --release", bin.display()));
+    }
+    let url = pg_url(opts, database);
+    let log_dir = Path::new("data/bench/logs");
+    std::fs::create_dir_all(log_dir).map_err(|e| e.to_string())?;
+    let mut replicas = Vec::new();
+    for i in 0..n {
+        let port = first_port + i as u16;
+        let log = std::fs::File::create(log_dir.join(format!("{role}-{}.log", i + 1))).map_err(|e| e.to_string())?;
+        let child = tokio::process::Command::new(&bin)
+            .env("DATABASE_URL", &url)
+            .env("PORT", port.to_string())
+            .env("PHONE_BIND", "127.0.0.1")
+            .env("PHONE_POOL_SIZE", opts.pool_size.to_string())
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("start {}: {e}", bin.display()))?;
+        let pid = child.id().ok_or("replica exited at once")?;
+        replicas.push(Replica { child, pid, port, role: format!("{role} #{}", i + 1), idle: Mem::default() });
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for r in &mut replicas {
+        loop {
+            if let Ok(Some(status)) = r.child.try_wait() {
+                return Err(format!(
+                    "replica on port {} exited ({status}) during startup; see data/bench/logs/ (port in use?)",
+                    r.port
+                ));
+            }
+            if mcp::health(&Target::local(r.port)).await {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("replica on port {} not healthy within 60 s", r.port));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    // Idle: started, migrated, answered /health and one MCP handshake.
+    for r in &replicas {
+        let _ = mcp::Conn::open(&Target::local(r.port)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for r in &mut replicas {
+        r.idle = stats::mem(r.pid).unwrap_or_default();
+    }
+    Ok(replicas)
+}
+
+async fn stop_replicas(replicas: Vec<Replica>) {
+    for mut r in replicas {
+        // SIGTERM for a graceful stop; SIGKILL if it lingers.
+        let _ = std::process::Command::new("kill").arg("-TERM").arg(r.pid.to_string()).status();
+        if tokio::time::timeout(Duration::from_secs(10), r.child.wait()).await.is_err() {
+            let _ = r.child.kill().await;
+        }
+    }
+}
+
+fn targets(replicas: &[Replica]) -> Vec<Target> {
+    replicas.iter().map(|r| Target::local(r.port)).collect()
+}
+
+fn pids(replicas: &[Replica]) -> Vec<u32> {
+    replicas.iter().map(|r| r.pid).collect()
+}
+
+fn pg_url(opts: &Opts, database: &str) -> String {
+    format!("postgres://postgres@127.0.0.1:{}/{database}", opts.pg_port)
+}
+
+// ---------------------------------------------------------------------------
+// Results
+
+struct MixRow {
+    replicas: usize,
+    concurrency: usize,
+    secs: f64,
+    sent_db: i64,
+    read_db: i64,
+    sends_ok: u64,
+    polls_ok: u64,
+    send: Summary,
+    inbox: Summary,
+    errors: String,
+    error_count: u64,
+    error_examples: Vec<String>,
+    cpu: CpuUse,
+    calls_total: u64,
+    commits: i64,
+    wal_syncs: i64,
+    pgbench_tps: f64,
+    pgbench_failed: u64,
+    pgbench_latency_ms: f64,
+    pgbench_rows: i64,
+    pgbench_cpu: CpuUse,
+    pgbench_commits: i64,
+    pgbench_wal_syncs: i64,
+}
+
+impl MixRow {
+    fn sent_per_s(&self) -> f64 {
+        self.sent_db as f64 / self.secs
+    }
+    fn read_per_s(&self) -> f64 {
+        self.read_db as f64 / self.secs
+    }
+    fn calls_per_s(&self) -> f64 {
+        (self.sends_ok + self.polls_ok) as f64 / self.secs
+    }
+    fn ratio(&self) -> f64 {
+        if self.pgbench_tps > 0.0 { self.sent_per_s() / self.pgbench_tps } else { 0.0 }
+    }
+}
+
+struct RateRow {
+    replicas: usize,
+    peak_calls: f64,
+    rate: f64,
+    achieved: f64,
+    send: Summary,
+    inbox: Summary,
+    all: Summary,
+    service: Summary,
+    lag: Summary,
+    errors: String,
+    error_count: u64,
+}
+
+struct SearchRow {
+    size: i64,
+    category: &'static str,
+    example: String,
+    lat: Summary,
+    avg_results: f64,
+    empty: u64,
+    errors: String,
+}
+
+struct GrowthRow {
+    history: i64,
+    table_mb: f64,
+    rate: f64,
+    inbox: Summary,
+    send: Summary,
+    errors: String,
+}
+
+struct MemRow {
+    role: String,
+    idle: Mem,
+    loaded: Mem,
+    phase: String,
+}
+
+#[derive(Default)]
+struct Report {
+    notes: Vec<String>,
+    fsync: Option<f64>,
+    mix: Vec<MixRow>,
+    rate: Vec<RateRow>,
+    search: Vec<SearchRow>,
+    search_seed: Vec<(i64, f64)>,
+    growth: Vec<GrowthRow>,
+    growth_seed_secs: f64,
+    mem: Vec<MemRow>,
+    skipped: Vec<String>,
+}
+
+// ---------------------------------------------------------------------------
+
+async fn run(opts: Opts) -> Result<(), String> {
+    let t0 = Instant::now();
+    let mode = Mode::new(opts.quick);
+    let wants = |phase: &str| opts.only.as_ref().is_none_or(|s| s.contains(phase));
+    let hz = stats::clock_ticks_per_sec();
+    let started_at = chrono::Utc::now();
+    let loadavg_start = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    std::fs::create_dir_all("data/bench").map_err(|e| e.to_string())?;
+
+    let admin = db::connect(&pg_url(&opts, "postgres")).await?;
+    let pg_version = db::show(&admin, "server_version").await;
+    // Checkpoints spread over bulk loads of millions of rows; the setting is
+    // of this private cluster only.
+    admin
+        .batch_execute("ALTER SYSTEM SET max_wal_size = '8GB'; SELECT pg_reload_conf()")
+        .await
+        .map_err(|e| format!("configure cluster: {e}"))?;
+    let settings = format!(
+        "synchronous_commit={}, fsync={}, wal_sync_method={}, shared_buffers={}, max_wal_size=8GB (set by the bench), max_connections={}",
+        db::show(&admin, "synchronous_commit").await,
+        db::show(&admin, "fsync").await,
+        db::show(&admin, "wal_sync_method").await,
+        db::show(&admin, "shared_buffers").await,
+        db::show(&admin, "max_connections").await,
+    );
+    let postmaster: u32 = std::fs::read_to_string(opts.pg_dir.join("postmaster.pid"))
+        .ok()
+        .and_then(|s| s.lines().next().and_then(|l| l.trim().parse().ok()))
+        .ok_or_else(|| format!("no postmaster.pid in {}: is the bench PostgreSQL running?", opts.pg_dir.display()))?;
+    say!(t0, "PostgreSQL {pg_version} on port {} ({settings}); mode {}", opts.pg_port, mode.name);
+
+    let mut report = Report::default();
+
+    if wants("fsync") {
+        match db::fdatasync_rate(&opts.pg_bin, &opts.pg_dir.with_extension("fsync-test")).await {
+            Ok(rate) => {
+                say!(t0, "pg_test_fsync: fdatasync {rate:.0}/s");
+                report.fsync = Some(rate);
+            }
+            Err(e) => report.notes.push(format!("pg_test_fsync failed: {e}")),
+        }
+    }
+
+    if wants("mix") || wants("rate") {
+        db::recreate_database(&admin, DB_MIX).await?;
+        let bench_db = db::connect(&pg_url(&opts, DB_MIX)).await?;
+        for &r in &REPLICAS {
+            let replicas = start_replicas(&opts, DB_MIX, r, opts.base_port, &format!("mix-{r}r")).await?;
+            let tg = targets(&replicas);
+            say!(t0, "{r} replica(s) up on ports {:?}", replicas.iter().map(|x| x.port).collect::<Vec<_>>());
+            let mut peak = 0.0f64;
+            let mut last_agents: Vec<Agent> = Vec::new();
+            for &c in &CONCURRENCY {
+                let row = mix_phase(&opts, &mode, &bench_db, &admin, &replicas, &tg, r, c, postmaster, hz, &mut last_agents).await?;
+                say!(
+                    t0,
+                    "mix r={r} c={c}: sent {:.0}/s read {:.0}/s, send p99 {:.1} ms, inbox p99 {:.1} ms, errors {}; pgbench {:.0} tps -> {:.2}x",
+                    row.sent_per_s(), row.read_per_s(), row.send.p99, row.inbox.p99, row.errors, row.pgbench_tps, row.ratio()
+                );
+                peak = peak.max(row.calls_per_s());
+                report.mix.push(row);
+            }
+            if wants("rate") && peak > 0.0 {
+                let rate = (peak / 2.0).max(10.0);
+                let _ = bench_db.batch_execute("CHECKPOINT").await;
+                let out = load::open_loop(&tg, &last_agents, rate, mode.warmup, mode.measure, 64).await;
+                let row = RateRow {
+                    replicas: r,
+                    peak_calls: peak,
+                    rate,
+                    achieved: out.completed as f64 / out.measured_secs,
+                    send: out.send.summary(),
+                    inbox: out.inbox.summary(),
+                    all: out.all.summary(),
+                    service: out.service.summary(),
+                    lag: out.dispatch_lag.summary(),
+                    errors: out.errors.describe(),
+                    error_count: out.errors.total(),
+                };
+                say!(t0, "fixed rate r={r}: {rate:.0} calls/s (half of {peak:.0}): p50 {:.2} ms p99 {:.2} ms, errors {}", row.all.p50, row.all.p99, row.errors);
+                report.rate.push(row);
+            }
+            for rep in &replicas {
+                report.mem.push(MemRow {
+                    role: rep.role.clone(),
+                    idle: rep.idle,
+                    loaded: stats::mem(rep.pid).unwrap_or_default(),
+                    phase: "send+poll mix c=16,64 + fixed rate".into(),
+                });
+            }
+            stop_replicas(replicas).await;
+        }
+    }
+
+    if wants("search") {
+        search_phase(&opts, &mode, &admin, &mut report, t0).await?;
+    }
+
+    if wants("growth") {
+        growth_phase(&opts, &mode, &admin, &mut report, t0).await?;
+    }
+
+    let elapsed = t0.elapsed();
+    say!(t0, "done in {:.0} s", elapsed.as_secs_f64());
+    let md = render(&opts, &mode, &report, &pg_version, &settings, started_at, elapsed, &loadavg_start);
+    if let Some(dir) = opts.out.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    std::fs::write(&opts.out, &md).map_err(|e| format!("write {}: {e}", opts.out.display()))?;
+    println!("{md}");
+    eprintln!("phone-bench: written to {}", opts.out.display());
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn mix_phase(
+    opts: &Opts,
+    mode: &Mode,
+    bench_db: &tokio_postgres::Client,
+    admin: &tokio_postgres::Client,
+    replicas: &[Replica],
+    tg: &[Target],
+    r: usize,
+    c: usize,
+    postmaster: u32,
+    hz: f64,
+    last_agents: &mut Vec<Agent>,
+) -> Result<MixRow, String> {
+    let names: Vec<String> = (0..c).map(|i| format!("mix-r{r}-c{c}-{i:03}")).collect();
+    let agents = load::register(&tg[0], &names, "bench").await?;
+    let base = db::consecutive_ids(bench_db, &names).await?;
+    let server_pids = pids(replicas);
+
+    let _ = bench_db.batch_execute("CHECKPOINT").await;
+    let c0 = db::counters(admin, DB_MIX).await;
+    let cpu0 = CpuProbe::take(&server_pids, postmaster, false);
+    let wall0 = chrono::Utc::now();
+    let out = load::mix(tg, &agents, mode.warmup, mode.measure).await;
+    let cpu = CpuProbe::take(&server_pids, postmaster, false).since(&cpu0, hz);
+    let from = wall0 + chrono::Duration::from_std(mode.warmup).unwrap();
+    let to = from + chrono::Duration::from_std(mode.measure).unwrap();
+    // Statistics reach pg_stat_* within a second of a backend going idle.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let c1 = db::counters(admin, DB_MIX).await;
+    let (sent_db, read_db) = db::count_window(bench_db, &names, from, to).await?;
+
+    let _ = bench_db.batch_execute("CHECKPOINT").await;
+    let p0 = CpuProbe::take(&[], postmaster, true);
+    let pc0 = db::counters(admin, DB_MIX).await;
+    let pg_from = chrono::Utc::now();
+    let script = Path::new("data/bench").join(format!("mix-c{c}.pgbench"));
+    let pg = db::pgbench(&opts.pg_bin, "127.0.0.1", opts.pg_port, DB_MIX, base, c, mode.pgbench_secs, &script).await?;
+    let pg_to = chrono::Utc::now();
+    let pgbench_cpu = CpuProbe::take(&[], postmaster, true).since(&p0, hz);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let pc1 = db::counters(admin, DB_MIX).await;
+    let (pgbench_rows, _) = db::count_window(bench_db, &names, pg_from, pg_to).await?;
+
+    *last_agents = agents;
+    Ok(MixRow {
+        replicas: r,
+        concurrency: c,
+        secs: mode.measure.as_secs_f64(),
+        sent_db,
+        read_db,
+        sends_ok: out.sends_ok,
+        polls_ok: out.polls_ok,
+        send: out.send.summary(),
+        inbox: out.inbox.summary(),
+        errors: out.errors.describe(),
+        error_count: out.errors.total(),
+        error_examples: out.errors.examples.clone(),
+        cpu,
+        calls_total: out.calls_total,
+        commits: c1.commits - c0.commits,
+        wal_syncs: c1.wal_syncs - c0.wal_syncs,
+        pgbench_tps: pg.tps,
+        pgbench_failed: pg.failed,
+        pgbench_latency_ms: pg.latency_ms,
+        pgbench_rows,
+        pgbench_cpu,
+        pgbench_commits: pc1.commits - pc0.commits,
+        pgbench_wal_syncs: pc1.wal_syncs - pc0.wal_syncs,
+    })
+}
+
+fn search_categories(sample_names: &[String]) -> Vec<(&'static str, Vec<SearchQuery>)> {
+    let q = |query: &str, project: Option<&str>| SearchQuery {
+        query: (!query.is_empty()).then(|| query.to_owned()),
+        project: project.map(str::to_owned),
+    };
+    vec![
+        ("common word", ["email", "invoices", "reports", "data", "customer", "meetings"].iter().map(|w| q(w, None)).collect()),
+        ("two common words", ["invoice email", "support tickets", "sales data", "meeting notes"].iter().map(|w| q(w, None)).collect()),
+        ("rare word", db::RARE[..8].iter().map(|w| q(w, None)).collect()),
+        ("prefix", ["inv", "sched", "kube", "transl", "reconc", "calli"].iter().map(|w| q(w, None)).collect()),
+        (
+            "word + project",
+            [("reports", "atlas"), ("invoices", "kepler"), ("kubernetes", "orion"), ("email", "zenith")]
+                .iter()
+                .map(|(w, p)| q(w, Some(p)))
+                .collect(),
+        ),
+        ("exact name", sample_names.iter().map(|n| q(n, None)).collect()),
+        ("project listing", ["atlas", "kepler", "zenith", "krusty"].iter().map(|p| q("", Some(p))).collect()),
+    ]
+}
+
+async fn search_phase(
+    opts: &Opts,
+    mode: &Mode,
+    admin: &tokio_postgres::Client,
+    report: &mut Report,
+    t0: Instant,
+) -> Result<(), String> {
+    db::recreate_database(admin, DB_SEARCH).await?;
+    let replicas = start_replicas(opts, DB_SEARCH, 1, opts.base_port + 10, "search").await?;
+    let target = Target::local(replicas[0].port);
+    let sdb = db::connect(&pg_url(opts, DB_SEARCH)).await?;
+    let mut seeded = 0i64;
+    let mut rows_per_sec = 0.0;
+    for &size in &mode.search_sizes {
+        if rows_per_sec > 0.0 {
+            let estimate = (size - seeded) as f64 / rows_per_sec * 1.3 + 40.0;
+            if t0.elapsed().as_secs_f64() + estimate > mode.budget.as_secs_f64() * 0.75 {
+                report.skipped.push(format!(
+                    "search at {size} agents: seeding would take ~{estimate:.0} s, over the time budget"
+                ));
+                break;
+            }
+        }
+        let started = Instant::now();
+        const CHUNK: i64 = 100_000;
+        for from in (seeded + 1..=size).step_by(CHUNK as usize) {
+            db::seed_directory(&sdb, from, (from + CHUNK - 1).min(size)).await?;
+        }
+        sdb.batch_execute("VACUUM (ANALYZE) agents; CHECKPOINT").await.map_err(|e| format!("vacuum: {e}"))?;
+        let took = started.elapsed().as_secs_f64();
+        rows_per_sec = (size - seeded) as f64 / took;
+        report.search_seed.push((size, took));
+        seeded = size;
+        say!(t0, "directory seeded to {size} agents in {took:.1} s");
+
+        let names: Vec<String> = sdb
+            .query("SELECT name FROM agents TABLESAMPLE SYSTEM (1) LIMIT 8", &[])
+            .await
+            .map_err(|e| e.to_string())?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        for (category, queries) in search_categories(&names) {
+            if queries.is_empty() {
+                continue;
+            }
+            let out = load::search(&target, &queries, SEARCH_WORKERS, mode.search_secs).await;
+            let calls = out.lat.len().max(1) as f64;
+            report.search.push(SearchRow {
+                size,
+                category,
+                example: describe_query(&queries[0]),
+                lat: out.lat.summary(),
+                avg_results: out.results as f64 / calls,
+                empty: out.empty,
+                errors: out.errors.describe(),
+            });
+        }
+        let worst = report.search.iter().filter(|s| s.size == size).map(|s| s.lat.p99).fold(0.0, f64::max);
+        say!(t0, "search at {size}: worst category p99 {worst:.1} ms");
+    }
+    for rep in &replicas {
+        report.mem.push(MemRow {
+            role: rep.role.clone(),
+            idle: rep.idle,
+            loaded: stats::mem(rep.pid).unwrap_or_default(),
+            phase: format!("search up to {seeded} agents"),
+        });
+    }
+    stop_replicas(replicas).await;
+    Ok(())
+}
+
+fn describe_query(q: &SearchQuery) -> String {
+    match (&q.query, &q.project) {
+        (Some(w), Some(p)) => format!("\"{w}\" in {p}"),
+        (Some(w), None) => format!("\"{w}\""),
+        (None, Some(p)) => format!("project={p}"),
+        (None, None) => "(all)".into(),
+    }
+}
+
+async fn growth_phase(
+    opts: &Opts,
+    mode: &Mode,
+    admin: &tokio_postgres::Client,
+    report: &mut Report,
+    t0: Instant,
+) -> Result<(), String> {
+    db::recreate_database(admin, DB_GROWTH).await?;
+    let replicas = start_replicas(opts, DB_GROWTH, 1, opts.base_port + 20, "growth").await?;
+    let tg = targets(&replicas);
+    let gdb = db::connect(&pg_url(opts, DB_GROWTH)).await?;
+    let base = db::seed_mailbox_agents(&gdb, GROWTH_AGENTS).await?;
+    let agents: Vec<Agent> = (1..=GROWTH_MEASURED as i64)
+        .map(|g| Agent { name: format!("g-{g}"), token: db::seeded_token('g', g) })
+        .collect();
+    // Below saturation, so the comparison is of work per poll, not of queueing.
+    let rate = report
+        .mix
+        .iter()
+        .find(|m| m.replicas == 1)
+        .map_or(1000.0, |m| (m.calls_per_s() / 4.0).clamp(100.0, 1000.0));
+    let mut seeded = 0i64;
+    let started = Instant::now();
+    for (i, &size) in [mode.growth_small, mode.growth_large].iter().enumerate() {
+        const CHUNK: i64 = 1_000_000;
+        let from0 = seeded + 1;
+        for from in (from0..=size).step_by(CHUNK as usize) {
+            let to = (from + CHUNK - 1).min(size);
+            db::seed_history(&gdb, base, GROWTH_AGENTS, GROWTH_MEASURED as i64, from, to).await?;
+            if size > CHUNK {
+                say!(t0, "history: {to} messages");
+            }
+        }
+        gdb.batch_execute("VACUUM (ANALYZE) messages; CHECKPOINT").await.map_err(|e| format!("vacuum: {e}"))?;
+        if i == 1 {
+            report.growth_seed_secs = started.elapsed().as_secs_f64();
+        }
+        seeded = size;
+        let table_mb = db::scalar_i64(&gdb, "SELECT pg_total_relation_size('messages')").await? as f64 / 1048576.0;
+        let out = load::open_loop(&tg, &agents, rate, mode.warmup, mode.measure, GROWTH_MEASURED).await;
+        let row = GrowthRow {
+            history: size,
+            table_mb,
+            rate,
+            inbox: out.inbox.summary(),
+            send: out.send.summary(),
+            errors: out.errors.describe(),
+        };
+        say!(t0, "growth {size} messages ({table_mb:.0} MB): inbox p50 {:.2} ms p99 {:.2} ms", row.inbox.p50, row.inbox.p99);
+        report.growth.push(row);
+    }
+    for rep in &replicas {
+        report.mem.push(MemRow {
+            role: rep.role.clone(),
+            idle: rep.idle,
+            loaded: stats::mem(rep.pid).unwrap_or_default(),
+            phase: format!("growth, {seeded} messages"),
+        });
+    }
+    stop_replicas(replicas).await;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// The report
+
+fn mb(kb: u64) -> f64 {
+    kb as f64 / 1024.0
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok { "PASS" } else { "FAIL" }
+}
+
+fn machine() -> (usize, f64, String, String) {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let mem_gib = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1048576.0);
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("model name").map(|r| r.trim_start_matches([' ', '\t', ':']).to_owned()))
+        .unwrap_or_else(|| "?".into());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_owned();
+    (cores, mem_gib, cpu, kernel)
+}
+
+fn git_revision() -> String {
+    let out = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .unwrap_or_default()
+    };
+    let rev = out(&["rev-parse", "--short", "HEAD"]);
+    let dirty = !out(&["status", "--porcelain", "--untracked-files=no"]).is_empty();
+    if rev.is_empty() { "?".into() } else if dirty { format!("{rev} + uncommitted changes") } else { rev }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn render(
+    opts: &Opts,
+    mode: &Mode,
+    r: &Report,
+    pg_version: &str,
+    settings: &str,
+    started_at: chrono::DateTime<chrono::Utc>,
+    elapsed: Duration,
+    loadavg: &str,
+) -> String {
+    let (cores, mem_gib, cpu, kernel) = machine();
+    let mut s = String::new();
+    let w = &mut s;
+    let _ = writeln!(w, "# phone benchmark results\n");
+    let _ = writeln!(w, "- Date: {} (took {:.0} s after the build)", started_at.format("%Y-%m-%d %H:%M UTC"), elapsed.as_secs_f64());
+    let _ = writeln!(w, "- Command: `{}` (mode: {})", opts.command, mode.name);
+    let _ = writeln!(w, "- Machine: {cores} cores ({cpu}), {mem_gib:.1} GiB memory, Linux {kernel}; load average at start: {}", loadavg.split_whitespace().take(3).collect::<Vec<_>>().join(" "));
+    let _ = writeln!(w, "- PostgreSQL {pg_version}, local, durable: {settings}");
+    let _ = writeln!(w, "- Server: release build, revision {}, PHONE_POOL_SIZE={} per replica, RUST_LOG=warn; replicas on 127.0.0.1:{}+", git_revision(), opts.pool_size, opts.base_port);
+    let _ = writeln!(w, "- Load generator: `phone-bench` (in-repo), one tokio thread, HTTP/1.1 keep-alive, one connection per worker; each connection does `initialize` + `notifications/initialized`, then JSON-RPC `tools/call` POSTs to /mcp with Bearer tokens. With 3 replicas the connections are spread round-robin over the replicas' ports directly (no proxy in front).");
+    let _ = writeln!(w, "- Phase lengths: mix {} s measured after {} s warm-up; pgbench {} s; search {:.1} s per category.", mode.measure.as_secs(), mode.warmup.as_secs(), mode.pgbench_secs, mode.search_secs.as_secs_f64());
+    let _ = writeln!(w, "- Everything (load generator, replicas, PostgreSQL) shares the same {cores} cores, and other work on the machine (e.g. compilers) competes too: absolute numbers are noisy; the ratio to the pgbench baseline measured minutes apart in the same run is the comparable figure. The `other CPU` column below shows how much CPU went to processes outside the benchmark.");
+    if !r.skipped.is_empty() {
+        for sk in &r.skipped {
+            let _ = writeln!(w, "- Skipped: {sk}");
+        }
+    }
+    for n in &r.notes {
+        let _ = writeln!(w, "- Note: {n}");
+    }
+
+    // Targets first.
+    let _ = writeln!(w, "\n## Against the targets\n");
+    let _ = writeln!(w, "| target | measured | verdict |");
+    let _ = writeln!(w, "|---|---|---|");
+    for m in &r.mix {
+        let _ = writeln!(
+            w,
+            "| throughput ≥ 0.8× raw-SQL baseline, 0 errors ({} replica{}, c={}) | {:.2}× ({:.0} vs {:.0} sends/s), {} errors | {} |",
+            m.replicas, if m.replicas > 1 { "s" } else { "" }, m.concurrency, m.ratio(), m.sent_per_s(), m.pgbench_tps, m.error_count,
+            verdict(m.ratio() >= 0.8 && m.error_count == 0)
+        );
+    }
+    for x in &r.rate {
+        let worst = x.send.p99.max(x.inbox.p99);
+        let _ = writeln!(
+            w,
+            "| p99 ≤ 10 ms at half of peak ({} replica{}, {:.0} calls/s) | p99 {:.1} ms (send {:.1}, inbox {:.1}), {} errors | {} |",
+            x.replicas, if x.replicas > 1 { "s" } else { "" }, x.rate, x.all.p99, x.send.p99, x.inbox.p99, x.error_count,
+            verdict(worst <= 10.0 && x.error_count == 0)
+        );
+    }
+    if let Some(max_size) = r.search.iter().map(|s| s.size).max() {
+        let worst = r.search.iter().filter(|s| s.size == max_size).max_by(|a, b| a.lat.p99.total_cmp(&b.lat.p99));
+        if let Some(worst) = worst {
+            let scope = if max_size >= 1_000_000 { "".to_string() } else { format!(" — measured at {max_size} only, 1M not run in this mode") };
+            let _ = writeln!(
+                w,
+                "| search p99 ≤ 20 ms at 1M agents{scope} | worst p99 {:.1} ms ({} at {}) | {} |",
+                worst.lat.p99, worst.category, max_size,
+                if max_size >= 1_000_000 { verdict(worst.lat.p99 <= 20.0) } else if worst.lat.p99 > 20.0 { "FAIL (already at a smaller size)" } else { "not measured at 1M" }
+            );
+        }
+    }
+    if r.growth.len() == 2 {
+        let (a, b) = (&r.growth[0], &r.growth[1]);
+        let p50 = b.inbox.p50 / a.inbox.p50.max(1e-9);
+        let p99 = b.inbox.p99 / a.inbox.p99.max(1e-9);
+        let scope = if b.history >= 10_000_000 { String::new() } else { format!(" — large size here is {} (quick mode), not 10M", b.history) };
+        let _ = writeln!(
+            w,
+            "| poll latency at 10M history ≤ 1.3× at 10k{scope} | p50 {:.2}× ({:.2} → {:.2} ms), p99 {:.2}× ({:.2} → {:.2} ms) | {} |",
+            p50, a.inbox.p50, b.inbox.p50, p99, a.inbox.p99, b.inbox.p99,
+            verdict(p50 <= 1.3 && p99 <= 1.3)
+        );
+    }
+    if !r.mem.is_empty() {
+        let idle = r.mem.iter().map(|m| m.idle.rss_kb).max().unwrap_or(0);
+        let loaded = r.mem.iter().map(|m| m.loaded.hwm_kb).max().unwrap_or(0);
+        let _ = writeln!(w, "| RSS ≤ 20 MB idle | max idle VmRSS {:.1} MB | {} |", mb(idle), verdict(mb(idle) <= 20.0));
+        let _ = writeln!(w, "| RSS ≤ 60 MB loaded | max VmHWM {:.1} MB | {} |", mb(loaded), verdict(mb(loaded) <= 60.0));
+    }
+
+    if !r.mix.is_empty() || r.fsync.is_some() {
+        let _ = writeln!(w, "\n## 1–2. Send+poll mix vs the raw-SQL limit\n");
+        let _ = writeln!(w, "Agents in pairs; each worker sends to its partner, then polls its own inbox (`limit` 10): sends and polls 1:1, closed loop. Sent and read counts come from the database afterwards (messages of this phase's agents with `sent_at` / `read_at` inside the measured window), not from responses. The baseline is `pgbench -M prepared` at the same concurrency on the same database right after: per transaction one `INSERT` (a send) and one `UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP LOCKED) RETURNING` (a poll), each its own autocommit transaction like the server's, same agent pairs, same body, same synchronous_commit. Ratio = server sends/s ÷ pgbench transactions/s.\n");
+        if let Some(f) = r.fsync {
+            let _ = writeln!(w, "pg_test_fsync (one 8 kB write, fdatasync, on the cluster's disk): **{f:.0} ops/s**.\n");
+        }
+        let _ = writeln!(w, "| replicas | conc. | sent/s (DB) | read/s (DB) | calls/s | send p50 / p90 / p99 ms | inbox p50 / p90 / p99 ms | errors | pgbench tps | ratio |");
+        let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|");
+        for m in &r.mix {
+            let _ = writeln!(
+                w,
+                "| {} | {} | {:.0} | {:.0} | {:.0} | {:.2} / {:.2} / {:.2} | {:.2} / {:.2} / {:.2} | {} | {:.0} | **{:.2}×** |",
+                m.replicas, m.concurrency, m.sent_per_s(), m.read_per_s(), m.calls_per_s(),
+                m.send.p50, m.send.p90, m.send.p99, m.inbox.p50, m.inbox.p90, m.inbox.p99,
+                m.errors, m.pgbench_tps, m.ratio()
+            );
+        }
+        let _ = writeln!(w, "\nCross-checks: successful responses vs database rows, and the baseline's own rows.\n");
+        let _ = writeln!(w, "| replicas | conc. | send responses | sent rows (DB) | poll responses | read rows (DB) | pgbench failed | pgbench rows/s (DB) | pgbench latency avg ms |");
+        let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|");
+        for m in &r.mix {
+            let _ = writeln!(
+                w,
+                "| {} | {} | {} | {} | {} | {} | {} | {:.0} | {:.2} |",
+                m.replicas, m.concurrency, m.sends_ok, m.sent_db, m.polls_ok, m.read_db, m.pgbench_failed,
+                m.pgbench_rows as f64 / mode.pgbench_secs as f64,
+                m.pgbench_latency_ms
+            );
+        }
+        let _ = writeln!(w, "\nWhere the time goes: CPU per call (one call = one send or one poll; for pgbench one statement), from /proc, over the whole phase. `other` is machine CPU used by none of server, PostgreSQL or load generator.\n");
+        let _ = writeln!(w, "| replicas | conc. | server µs/call | PostgreSQL µs/call | loadgen µs/call | other CPU (cores) | commits/call | WAL flushes/s | pgbench: PostgreSQL µs/stmt | pgbench µs/stmt | commits/stmt | WAL flushes/s | other CPU (cores) |");
+        let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        for m in &r.mix {
+            let calls = m.calls_total.max(1) as f64;
+            let stmts = (m.pgbench_tps * 2.0 * mode.pgbench_secs as f64).max(1.0);
+            let _ = writeln!(
+                w,
+                "| {} | {} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} |",
+                m.replicas, m.concurrency,
+                m.cpu.server / calls * 1e6, m.cpu.postgres / calls * 1e6, m.cpu.loadgen / calls * 1e6,
+                m.cpu.other() / m.cpu.wall.max(1e-9),
+                m.commits as f64 / calls, m.wal_syncs as f64 / m.cpu.wall.max(1e-9),
+                m.pgbench_cpu.postgres / stmts * 1e6, m.pgbench_cpu.loadgen / stmts * 1e6,
+                m.pgbench_commits as f64 / stmts, m.pgbench_wal_syncs as f64 / m.pgbench_cpu.wall.max(1e-9),
+                m.pgbench_cpu.other() / m.pgbench_cpu.wall.max(1e-9),
+            );
+        }
+        let examples: Vec<&String> = r.mix.iter().flat_map(|m| m.error_examples.iter()).take(5).collect();
+        if !examples.is_empty() {
+            let _ = writeln!(w, "\nFirst errors:\n");
+            for e in examples {
+                let _ = writeln!(w, "- `{e}`");
+            }
+        }
+    }
+
+    if !r.rate.is_empty() {
+        let _ = writeln!(w, "\n## 3. Fixed rate at half of the peak (open loop)\n");
+        let _ = writeln!(w, "Request n is due at t0 + n/rate whatever happened before; 64 connections take the next due request when free; latency runs from the due time, so queueing behind a slow call is counted (no coordinated omission). Requests alternate send and poll over the 64 agents of the c=64 mix. Peak = best calls/s of the mix at this replica count. `service` is from the moment the request went out; `dispatch lag` is how late it went out (tokio's timer has 1 ms resolution, so up to ~1 ms of lag is the generator's own).\n");
+        let _ = writeln!(w, "| replicas | peak calls/s | target rate | achieved | all p50 / p90 / p99 / p99.9 / max ms | send p50 / p99 | inbox p50 / p99 | service p50 / p99 | dispatch lag p50 / p99 | errors |");
+        let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|");
+        for x in &r.rate {
+            let _ = writeln!(
+                w,
+                "| {} | {:.0} | {:.0} | {:.0} | {:.2} / {:.2} / {:.2} / {:.2} / {:.1} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {} |",
+                x.replicas, x.peak_calls, x.rate, x.achieved, x.all.p50, x.all.p90, x.all.p99, x.all.p999, x.all.max,
+                x.send.p50, x.send.p99, x.inbox.p50, x.inbox.p99, x.service.p50, x.service.p99, x.lag.p50, x.lag.p99, x.errors
+            );
+        }
+    }
+
+    if !r.search.is_empty() {
+        let _ = writeln!(w, "\n## 4. Search\n");
+        let seeds: Vec<String> = r.search_seed.iter().map(|(n, t)| format!("{n} in {t:.0} s")).collect();
+        let _ = writeln!(w, "Directory bulk-loaded with `generate_series` (not through the API): names like `invoice-assistant-123`, descriptions composed from 20 roles, 20 teams, 40 capabilities, 20 tools and extra sentences, 60 projects with a skewed distribution; 20 rare words, each in ~1 of 10,000 descriptions. Then `VACUUM ANALYZE`. {SEARCH_WORKERS} closed-loop connections, one replica, queries rotated within a category, `limit` 10. Seeding (cumulative): {}.\n", seeds.join(", "));
+        let _ = writeln!(w, "| agents | category | e.g. | p50 ms | p90 ms | p99 ms | max ms | calls | avg results | empty | errors |");
+        let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|---|");
+        for x in &r.search {
+            let _ = writeln!(
+                w,
+                "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.1} | {} | {:.1} | {} | {} |",
+                x.size, x.category, x.example, x.lat.p50, x.lat.p90, x.lat.p99, x.lat.max, x.lat.count, x.avg_results, x.empty, x.errors
+            );
+        }
+    }
+
+    if !r.growth.is_empty() {
+        let _ = writeln!(w, "\n## 5. Inbox growth\n");
+        let _ = writeln!(w, "History bulk-loaded with `generate_series` (not through the API) over {GROWTH_AGENTS} agents: every message of the {GROWTH_MEASURED} measured agents read, 1 in 100 of the others' left unread; then `VACUUM ANALYZE` and `CHECKPOINT`. Measured with the open-loop send+poll schedule below saturation (same rate both times), {GROWTH_MEASURED} connections. Bulk load to the large size took {:.0} s.\n", r.growth_seed_secs);
+        let _ = writeln!(w, "| history messages | messages table + indexes | rate calls/s | inbox p50 / p90 / p99 ms | send p50 / p99 ms | errors |");
+        let _ = writeln!(w, "|---|---|---|---|---|---|");
+        for g in &r.growth {
+            let _ = writeln!(
+                w,
+                "| {} | {:.0} MB | {:.0} | {:.2} / {:.2} / {:.2} | {:.2} / {:.2} | {} |",
+                g.history, g.table_mb, g.rate, g.inbox.p50, g.inbox.p90, g.inbox.p99, g.send.p50, g.send.p99, g.errors
+            );
+        }
+    }
+
+    if !r.mem.is_empty() {
+        let _ = writeln!(w, "\n## 6. Memory per replica\n");
+        let _ = writeln!(w, "From /proc/PID/status. Idle: after start-up (migrations), `/health` and one MCP handshake, 1 s later. Loaded: at the end of the phases named, VmHWM is the peak.\n");
+        let _ = writeln!(w, "| replica | idle VmRSS MB | after load VmRSS MB | peak VmHWM MB | load |");
+        let _ = writeln!(w, "|---|---|---|---|---|");
+        for m in &r.mem {
+            let _ = writeln!(w, "| {} | {:.1} | {:.1} | {:.1} | {} |", m.role, mb(m.idle.rss_kb), mb(m.loaded.rss_kb), mb(m.loaded.hwm_kb), m.phase);
+        }
+    }
+    s
+}

@@ -1,0 +1,335 @@
+//! Direct PostgreSQL work: databases, bulk seeding with generate_series,
+//! counting what the server stored, and the raw-SQL baselines (pgbench,
+//! pg_test_fsync).
+
+use std::{path::Path, process::Stdio, time::Duration};
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio_postgres::{Client, NoTls};
+
+pub async fn connect(url: &str) -> Result<Client, String> {
+    let (client, connection) =
+        tokio_postgres::connect(url, NoTls).await.map_err(|e| format!("connect {url}: {e}"))?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+pub async fn recreate_database(admin: &Client, name: &str) -> Result<(), String> {
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE); CREATE DATABASE {name}"))
+        .await
+        .map_err(|e| format!("recreate database {name}: {e}"))
+}
+
+pub async fn scalar_i64(db: &Client, sql: &str) -> Result<i64, String> {
+    db.query_one(sql, &[]).await.map(|r| r.get(0)).map_err(|e| format!("{sql}: {e}"))
+}
+
+pub async fn show(db: &Client, setting: &str) -> String {
+    db.query_one(&format!("SHOW {setting}"), &[])
+        .await
+        .map(|r| r.get::<_, String>(0))
+        .unwrap_or_else(|e| format!("? ({e})"))
+}
+
+/// Database-wide counters around a phase: transactions and WAL flushes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DbCounters {
+    pub commits: i64,
+    pub wal_syncs: i64,
+}
+
+pub async fn counters(db: &Client, database: &str) -> DbCounters {
+    let commits = db
+        .query_one("SELECT xact_commit FROM pg_stat_database WHERE datname = $1", &[&database])
+        .await
+        .map(|r| r.get::<_, i64>(0))
+        .unwrap_or(0);
+    let wal_syncs = db.query_one("SELECT wal_sync FROM pg_stat_wal", &[]).await.map(|r| r.get::<_, i64>(0)).unwrap_or(0);
+    DbCounters { commits, wal_syncs }
+}
+
+/// The messages the server really stored and marked read in a time window.
+pub async fn count_window(
+    db: &Client,
+    names: &[String],
+    from: chrono::DateTime<chrono::Utc>,
+    to: chrono::DateTime<chrono::Utc>,
+) -> Result<(i64, i64), String> {
+    let row = db
+        .query_one(
+            "SELECT count(*) FILTER (WHERE m.sent_at >= $2 AND m.sent_at < $3),
+                    count(*) FILTER (WHERE m.read_at >= $2 AND m.read_at < $3)
+             FROM messages m JOIN agents a ON a.id = m.sender_id
+             WHERE a.name = ANY($1)",
+            &[&names, &from, &to],
+        )
+        .await
+        .map_err(|e| format!("count messages: {e}"))?;
+    Ok((row.get(0), row.get(1)))
+}
+
+/// Ids of agents in the order of `names`; pgbench needs them consecutive.
+pub async fn consecutive_ids(db: &Client, names: &[String]) -> Result<i64, String> {
+    let rows = db
+        .query("SELECT name, id FROM agents WHERE name = ANY($1)", &[&names])
+        .await
+        .map_err(|e| format!("agent ids: {e}"))?;
+    let id_of = |n: &String| rows.iter().find(|r| r.get::<_, &str>(0) == n).map(|r| r.get::<_, i64>(1));
+    let base = id_of(&names[0]).ok_or("first agent missing")?;
+    for (i, n) in names.iter().enumerate() {
+        if id_of(n) != Some(base + i as i64) {
+            return Err(format!("agent ids are not consecutive ({n} is not {base}+{i}); pgbench pairing needs them"));
+        }
+    }
+    Ok(base)
+}
+
+const ROLES: &[&str] = &[
+    "Invoice assistant", "Email triage agent", "Calendar planner", "Code review bot", "Data analyst",
+    "Support agent", "Research assistant", "Translation agent", "DevOps helper", "Sales assistant",
+    "Recruiting coordinator", "Legal reviewer", "Security auditor", "Marketing writer", "Travel planner",
+    "Inventory tracker", "QA tester", "Documentation writer", "Billing specialist", "Meeting summarizer",
+];
+const DOMAINS: &[&str] = &[
+    "finance", "billing", "support", "platform engineering", "marketing", "sales", "legal", "people ops",
+    "logistics", "security", "research", "operations", "data", "mobile", "payments", "compliance",
+    "infrastructure", "design", "procurement", "customer success",
+];
+const CAPABILITIES: &[&str] = &[
+    "summarize meeting notes", "triage support tickets", "reconcile invoices", "review pull requests",
+    "translate documents between English and German", "schedule meetings across time zones",
+    "monitor Kubernetes clusters", "draft marketing emails", "analyze weekly sales data",
+    "answer customer questions", "generate regression test cases", "write SQL queries",
+    "label training data", "plan travel itineraries", "track shipping orders", "audit access logs",
+    "forecast inventory levels", "prepare quarterly tax reports", "book conference rooms",
+    "moderate forum posts", "transcribe audio recordings", "scan contracts for risky clauses",
+    "tune database indexes", "deploy web services", "rotate API credentials", "benchmark model latency",
+    "curate research papers", "onboard new employees", "update CRM records", "resolve billing disputes",
+    "file expense reports", "chase overdue payments", "write release notes", "triage failing CI builds",
+    "extract tables from PDF files", "clean messy spreadsheets", "answer HR policy questions",
+    "draft job descriptions", "check GDPR compliance", "localize app strings",
+];
+const TOOLS: &[&str] = &[
+    "Slack", "Jira", "GitHub", "Postgres", "Salesforce", "Google Sheets", "Notion", "Zendesk", "Stripe",
+    "S3", "Snowflake", "Figma", "Confluence", "Gmail", "PDF files", "Excel", "REST APIs",
+    "Google Calendar", "Linear", "HubSpot",
+];
+const EXTRAS: &[&str] = &[
+    "Replies within minutes.", "Works best with structured input.", "Escalates to a human when unsure.",
+    "Available around the clock.", "Returns results as Markdown tables.", "Keeps an audit trail of every change.",
+    "Prefers batched requests.", "Can handle attachments up to 10 MB.", "Speaks English, French and Spanish.",
+    "Runs nightly and on demand.", "Asks clarifying questions before acting.", "",
+];
+/// Each appears in about 1 of 10,000 descriptions.
+pub const RARE: &[&str] = &[
+    "vexillology", "horology", "speleology", "mycology", "numismatics", "falconry", "marquetry",
+    "glaciology", "papyrology", "philately", "lepidoptera", "seismograph", "astrolabe", "calligraphy",
+    "oenology", "cartography", "bioluminescence", "hieroglyphs", "quasicrystals", "zymurgy",
+];
+/// Skewed: the first ones are much more common (power(random(), 2)).
+pub const PROJECTS: &[&str] = &[
+    "atlas", "apollo", "helios", "orion", "zephyr", "nimbus", "aurora", "cobalt", "falcon", "gemini",
+    "hermes", "ion", "juniper", "kepler", "lumen", "meridian", "nova", "onyx", "pegasus", "quartz",
+    "raven", "sierra", "titan", "umbra", "vega", "willow", "xenon", "yukon", "zenith", "acme-billing",
+    "acme-support", "acme-data", "northwind", "contoso", "fabrikam", "globex", "initech", "umbrella",
+    "hooli", "piedpiper", "stark-labs", "wayne-ops", "tyrell", "cyberdyne", "soylent", "wonka",
+    "gringotts", "oscorp", "vandelay", "dunder-mifflin", "prestige", "monarch", "massive-dynamic",
+    "aperture", "black-mesa", "blue-sun", "weyland", "virtucon", "genco", "krusty",
+];
+
+fn sql_array(items: &[&str]) -> String {
+    let quoted: Vec<String> = items.iter().map(|s| format!("'{}'", s.replace('\'', "''"))).collect();
+    format!("ARRAY[{}]", quoted.join(","))
+}
+
+fn pick(items: &[&str]) -> String {
+    format!("({})[1 + floor(random() * {})::int]", sql_array(items), items.len())
+}
+
+/// A token the bench can reconstruct for seeded agent `g` (prefix tells the
+/// seeded sets apart).
+pub fn seeded_token(prefix: char, g: i64) -> String {
+    format!("phn_{prefix}{g:0>42}")
+}
+
+/// Directory agents g in [from, to]: realistic, varied descriptions.
+pub async fn seed_directory(db: &Client, from: i64, to: i64) -> Result<(), String> {
+    let sql = format!(
+        "INSERT INTO agents (name, description, project, token_hash, registered_at, last_seen_at)
+         SELECT lower(regexp_replace(role, '[^A-Za-z]+', '-', 'g')) || '-' || g,
+                format('%s for the %s team. I %s and %s, working with %s and %s. %s%s',
+                       role, domain, cap1, cap2, tool1, tool2, extra,
+                       CASE WHEN rare_roll < 0.002 THEN ' Also knows ' || rare || '.' ELSE '' END),
+                project,
+                sha256(convert_to('phn_s' || lpad(g::text, 42, '0'), 'UTF8')),
+                now() - random() * interval '365 days',
+                CASE WHEN random() < 0.7 THEN now() - random() * interval '30 days' END
+         FROM (SELECT g, {role} AS role, {domain} AS domain, {cap} AS cap1, {cap} AS cap2,
+                      {tool} AS tool1, {tool} AS tool2, {extra} AS extra, random() AS rare_roll,
+                      {rare} AS rare,
+                      ({projects})[1 + floor(power(random(), 2) * {nprojects})::int] AS project
+               FROM generate_series($1::bigint, $2::bigint) g) w",
+        role = pick(ROLES),
+        domain = pick(DOMAINS),
+        cap = pick(CAPABILITIES),
+        tool = pick(TOOLS),
+        extra = pick(EXTRAS),
+        rare = pick(RARE),
+        projects = sql_array(PROJECTS),
+        nprojects = PROJECTS.len(),
+    );
+    db.execute(&sql, &[&from, &to]).await.map_err(|e| format!("seed directory: {e}"))?;
+    Ok(())
+}
+
+/// `n` mailbox owners for the growth test, named g-1..g-n, tokens known.
+pub async fn seed_mailbox_agents(db: &Client, n: i64) -> Result<i64, String> {
+    db.execute(
+        "INSERT INTO agents (name, description, project, token_hash)
+         SELECT 'g-' || g, 'Growth test agent ' || g || ': reads its inbox in a loop.', 'growth',
+                sha256(convert_to('phn_g' || lpad(g::text, 42, '0'), 'UTF8'))
+         FROM generate_series(1, $1::bigint) g",
+        &[&n],
+    )
+    .await
+    .map_err(|e| format!("seed agents: {e}"))?;
+    scalar_i64(db, "SELECT min(id) FROM agents WHERE project = 'growth'").await
+}
+
+/// History messages g in [from, to] among `agents` agents starting at id
+/// `base`: recipient g mod agents. Agents with slot < `all_read_slots` have
+/// every history message read; the others leave 1 in 100 unread.
+pub async fn seed_history(
+    db: &Client,
+    base: i64,
+    agents: i64,
+    all_read_slots: i64,
+    from: i64,
+    to: i64,
+) -> Result<(), String> {
+    db.execute(
+        "INSERT INTO messages (id, sender_id, recipient_id, subject, body, thread_id, sent_at, read_at)
+         SELECT id, $1 + (g * 7919 + 13) % $2, $1 + g % $2,
+                CASE WHEN g % 3 = 0 THEN 'Status update ' || g END,
+                'Progress note ' || g || ': the nightly import finished, 1423 rows merged, 2 rejected '
+                  || '(bad dates). Details are in the usual bucket; tell me if you want a retry.',
+                id, ts,
+                CASE WHEN g % $2 < $3 OR g % 100 <> 0 THEN ts + interval '1 minute' END
+         FROM (SELECT nextval('messages_id_seq') AS id, g,
+                      timestamptz '2025-01-01' + g * interval '1 second' AS ts
+               FROM generate_series($4::bigint, $5::bigint) g) x",
+        &[&base, &agents, &all_read_slots, &from, &to],
+    )
+    .await
+    .map_err(|e| format!("seed history: {e}"))?;
+    Ok(())
+}
+
+pub struct PgbenchResult {
+    pub tps: f64,
+    pub failed: u64,
+    pub latency_ms: f64,
+    pub output: String,
+}
+
+/// pgbench, prepared, `clients` clients: client k is agent base+k and
+/// pairs with k^1 like the mix; each transaction is the mix's minimal SQL:
+/// one INSERT (a send) and one UPDATE … SKIP LOCKED … RETURNING (a poll),
+/// each its own autocommit transaction.
+pub async fn pgbench(
+    bin: &Path,
+    url_host: &str,
+    port: u16,
+    database: &str,
+    base_id: i64,
+    clients: usize,
+    secs: u64,
+    script: &Path,
+) -> Result<PgbenchResult, String> {
+    let body = crate::load::BODY;
+    std::fs::write(
+        script,
+        format!(
+            "\\set me {base_id} + :client_id\n\
+             \\set peer {base_id} + (:client_id # 1)\n\
+             INSERT INTO messages (id, sender_id, recipient_id, body, thread_id) SELECT n, :me, :peer, '{body}', n FROM nextval('messages_id_seq') AS n;\n\
+             UPDATE messages SET read_at = now() WHERE id IN (SELECT id FROM messages WHERE recipient_id = :me AND read_at IS NULL ORDER BY id LIMIT 10 FOR UPDATE SKIP LOCKED) RETURNING id, sender_id, subject, body, reply_to, thread_id, sent_at;\n"
+        ),
+    )
+    .map_err(|e| format!("write pgbench script: {e}"))?;
+    let threads = clients.min(2);
+    let out = tokio::time::timeout(
+        Duration::from_secs(secs + 60),
+        tokio::process::Command::new(bin.join("pgbench"))
+            .args(["-n", "-M", "prepared", "-h", url_host, "-U", "postgres"])
+            .arg("-p")
+            .arg(port.to_string())
+            .arg("-c")
+            .arg(clients.to_string())
+            .arg("-j")
+            .arg(threads.to_string())
+            .arg("-T")
+            .arg(secs.to_string())
+            .arg("-f")
+            .arg(script)
+            .arg(database)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .map_err(|_| "pgbench did not finish in time".to_string())?
+    .map_err(|e| format!("run pgbench: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        return Err(format!("pgbench failed: {text}"));
+    }
+    let number_after = |prefix: &str| {
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix(prefix))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse::<f64>().ok())
+    };
+    Ok(PgbenchResult {
+        tps: number_after("tps = ").ok_or_else(|| format!("no tps in pgbench output: {text}"))?,
+        failed: number_after("number of failed transactions:").unwrap_or(0.0) as u64,
+        latency_ms: number_after("latency average =").unwrap_or(0.0),
+        output: text,
+    })
+}
+
+/// pg_test_fsync's "one 8kB write" fdatasync rate; stops the tool as soon
+/// as that line is out (the full run takes ~20 s even at -s 1).
+pub async fn fdatasync_rate(bin: &Path, file: &Path) -> Result<f64, String> {
+    let mut child = tokio::process::Command::new(bin.join("pg_test_fsync"))
+        .args(["-s", "2", "-f"])
+        .arg(file)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("run pg_test_fsync: {e}"))?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let mut lines = BufReader::new(stdout).lines();
+    let found = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            let t = line.trim();
+            if let Some(rest) = t.strip_prefix("fdatasync") {
+                if let Some(n) = rest.split_whitespace().next().and_then(|n| n.parse::<f64>().ok()) {
+                    return Some(n);
+                }
+            }
+        }
+        None
+    })
+    .await;
+    let _ = child.start_kill();
+    let _ = child.wait().await;
+    let _ = std::fs::remove_file(file);
+    match found {
+        Ok(Some(n)) => Ok(n),
+        _ => Err("pg_test_fsync printed no fdatasync rate".into()),
+    }
+}

@@ -1,0 +1,280 @@
+//! Metrics, as OpenTelemetry instruments exported over OTLP (see
+//! `telemetry`). The instruments exist only while metrics export is on;
+//! otherwise every function here returns after one atomic load.
+//!
+//! | instrument | kind | attributes |
+//! |---|---|---|
+//! | `http.server.request.duration` (s) | histogram | `http.request.method`, `http.route`, `http.response.status_code` |
+//! | `phone.tool.calls` | counter | `tool`, `outcome` (ok, error), `error.kind` |
+//! | `phone.tool.duration` (s) | histogram | `tool`, `outcome` |
+//! | `phone.messages.sent` | counter | — (replayed idempotent sends are not counted) |
+//! | `phone.messages.read` | counter | `mode` (read: marked read by a poll; lease: handed out under a lease) |
+//! | `db.client.operation.duration` (s) | histogram | `db.system.name`, `db.operation.name`, `db.collection.name`, `outcome` |
+//! | `db.client.connection.wait_time` (s) | histogram | `db.client.connection.pool.name` |
+//! | `db.client.connection.count` | up-down counter (observed) | `db.client.connection.state` (idle, used), pool name |
+//! | `db.client.connection.max` | up-down counter (observed) | pool name |
+//! | `db.client.connection.pending_requests` | up-down counter (observed) | pool name |
+//! | `phone.inbox.waiters` | gauge (observed) | — (long polls waiting on this replica) |
+
+use std::{
+    sync::{Arc, Mutex, OnceLock, Weak},
+    time::Duration,
+};
+
+use opentelemetry::{
+    KeyValue,
+    metrics::{Counter, Histogram, Meter, ObservableGauge, ObservableUpDownCounter},
+};
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use serde_json::Value;
+
+use crate::domain::{Phone, wakeup::Wakeup};
+use crate::mcp::tools;
+
+const POOL_NAME: &str = "phone";
+
+/// Seconds. Sub-millisecond statements to 25-second long polls.
+const DURATION_BOUNDARIES: [f64; 15] =
+    [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+
+struct Instruments {
+    http_duration: Histogram<f64>,
+    tool_calls: Counter<u64>,
+    tool_duration: Histogram<f64>,
+    messages_sent: Counter<u64>,
+    messages_read: Counter<u64>,
+    db_duration: Histogram<f64>,
+    pool_wait: Histogram<f64>,
+    _observed: (
+        ObservableUpDownCounter<i64>,
+        ObservableUpDownCounter<i64>,
+        ObservableUpDownCounter<i64>,
+        ObservableGauge<u64>,
+    ),
+}
+
+static INSTRUMENTS: OnceLock<Instruments> = OnceLock::new();
+
+/// What the observed instruments read: every live `Phone` of this process
+/// (one in production; tests may start several).
+struct Source {
+    pool: deadpool_postgres::WeakPool,
+    wakeup: Weak<Wakeup>,
+}
+
+static SOURCES: Mutex<Vec<Source>> = Mutex::new(Vec::new());
+
+/// Whether metrics are being exported (instruments exist).
+pub fn enabled() -> bool {
+    INSTRUMENTS.get().is_some()
+}
+
+/// Creates the instruments on `meter`. Called once by `telemetry` when
+/// metrics export is on.
+pub(crate) fn install(meter: &Meter) {
+    let histogram = |name: &'static str, description: &'static str| {
+        meter
+            .f64_histogram(name)
+            .with_unit("s")
+            .with_description(description)
+            .with_boundaries(DURATION_BOUNDARIES.to_vec())
+            .build()
+    };
+    let pool_attr = || KeyValue::new("db.client.connection.pool.name", POOL_NAME);
+    let instruments = Instruments {
+        http_duration: histogram("http.server.request.duration", "Duration of HTTP server requests"),
+        tool_calls: meter
+            .u64_counter("phone.tool.calls")
+            .with_unit("{call}")
+            .with_description("MCP tool calls, by tool and outcome")
+            .build(),
+        tool_duration: histogram("phone.tool.duration", "Duration of MCP tool calls"),
+        messages_sent: meter
+            .u64_counter("phone.messages.sent")
+            .with_unit("{message}")
+            .with_description("Messages sent (idempotent replays not counted)")
+            .build(),
+        messages_read: meter
+            .u64_counter("phone.messages.read")
+            .with_unit("{message}")
+            .with_description("Messages handed to their recipient by phone_inbox (mode read or lease)")
+            .build(),
+        db_duration: histogram("db.client.operation.duration", "Duration of database statements"),
+        pool_wait: histogram(
+            "db.client.connection.wait_time",
+            "Time a request waited for a pooled database connection",
+        ),
+        _observed: (
+            meter
+                .i64_observable_up_down_counter("db.client.connection.count")
+                .with_unit("{connection}")
+                .with_description("Open database connections, by state (idle, used)")
+                .with_callback(move |observer| {
+                    let (idle, used) = pool_totals(|s| {
+                        let used = s.size.saturating_sub(s.available);
+                        (s.available as i64, used as i64)
+                    });
+                    observer.observe(idle, &[pool_attr(), KeyValue::new("db.client.connection.state", "idle")]);
+                    observer.observe(used, &[pool_attr(), KeyValue::new("db.client.connection.state", "used")]);
+                })
+                .build(),
+            meter
+                .i64_observable_up_down_counter("db.client.connection.max")
+                .with_unit("{connection}")
+                .with_description("The most connections the pool may open")
+                .with_callback(move |observer| {
+                    let (max, _) = pool_totals(|s| (s.max_size as i64, 0));
+                    observer.observe(max, &[pool_attr()]);
+                })
+                .build(),
+            meter
+                .i64_observable_up_down_counter("db.client.connection.pending_requests")
+                .with_unit("{request}")
+                .with_description("Requests waiting for a pooled connection")
+                .with_callback(move |observer| {
+                    let (waiting, _) = pool_totals(|s| (s.waiting as i64, 0));
+                    observer.observe(waiting, &[pool_attr()]);
+                })
+                .build(),
+            meter
+                .u64_observable_gauge("phone.inbox.waiters")
+                .with_unit("{waiter}")
+                .with_description("phone_inbox long polls waiting for mail on this replica")
+                .with_callback(|observer| {
+                    let waiters = live_sources()
+                        .iter()
+                        .filter_map(|(_, wakeup)| wakeup.as_ref().map(|w| w.waiters() as u64))
+                        .sum();
+                    observer.observe(waiters, &[]);
+                })
+                .build(),
+        ),
+    };
+    let _ = INSTRUMENTS.set(instruments);
+}
+
+type LiveSource = (Option<deadpool_postgres::Pool>, Option<Arc<Wakeup>>);
+
+fn live_sources() -> Vec<LiveSource> {
+    let mut sources = SOURCES.lock().expect("metrics sources lock");
+    sources.retain(|s| s.pool.upgrade().is_some() || s.wakeup.strong_count() > 0);
+    sources.iter().map(|s| (s.pool.upgrade(), s.wakeup.upgrade())).collect()
+}
+
+fn pool_totals(f: impl Fn(deadpool_postgres::Status) -> (i64, i64)) -> (i64, i64) {
+    live_sources()
+        .iter()
+        .filter_map(|(pool, _)| pool.as_ref().map(|p| f(p.status())))
+        .fold((0, 0), |(a, b), (x, y)| (a + x, b + y))
+}
+
+/// Observes `phone`'s connection pool and long-poll waiters (weakly: a
+/// dropped `Phone` stops being reported).
+pub fn watch(phone: &Phone) {
+    SOURCES.lock().expect("metrics sources lock").push(Source {
+        pool: phone.pool().weak(),
+        wakeup: Arc::downgrade(phone.wakeup()),
+    });
+}
+
+/// The route template of a path, so attacker-chosen paths cannot create
+/// new time series.
+pub fn route(path: &str) -> &'static str {
+    match path {
+        "/mcp" | "/mcp/" => "/mcp",
+        "/health" => "/health",
+        p if p.starts_with("/.well-known/") => "/.well-known/{*rest}",
+        _ => "unmatched",
+    }
+}
+
+pub fn http_request(method: &http::Method, route: &'static str, status: u16, elapsed: Duration) {
+    let Some(m) = INSTRUMENTS.get() else { return };
+    let method = match *method {
+        http::Method::GET => "GET",
+        http::Method::POST => "POST",
+        http::Method::DELETE => "DELETE",
+        http::Method::HEAD => "HEAD",
+        http::Method::OPTIONS => "OPTIONS",
+        http::Method::PUT => "PUT",
+        http::Method::PATCH => "PATCH",
+        _ => "_OTHER",
+    };
+    m.http_duration.record(
+        elapsed.as_secs_f64(),
+        &[
+            KeyValue::new("http.request.method", method),
+            KeyValue::new("http.route", route),
+            KeyValue::new("http.response.status_code", i64::from(status)),
+        ],
+    );
+}
+
+/// Records one tool call, and the messages it sent or handed out.
+/// `error_kind` is `None` for a successful call.
+pub fn tool_call(
+    request: &CallToolRequestParams,
+    result: &CallToolResult,
+    error_kind: Option<&'static str>,
+    elapsed: Duration,
+) {
+    let Some(m) = INSTRUMENTS.get() else { return };
+    // Only the server's own tools get here (unknown names are refused
+    // before), so the names are a small, fixed set.
+    let tool = request.name.as_ref();
+    let outcome = if error_kind.is_some() { "error" } else { "ok" };
+    let mut attrs = vec![KeyValue::new("tool", tool.to_owned()), KeyValue::new("outcome", outcome)];
+    m.tool_duration.record(elapsed.as_secs_f64(), &attrs);
+    if let Some(kind) = error_kind {
+        attrs.push(KeyValue::new("error.kind", kind));
+    }
+    m.tool_calls.add(1, &attrs);
+    if error_kind.is_some() {
+        return;
+    }
+    let out = result.structured_content.as_ref();
+    match tool {
+        tools::SEND => {
+            if out.and_then(|o| o.get("replayed")).and_then(Value::as_bool) == Some(false) {
+                m.messages_sent.add(1, &[]);
+            }
+        }
+        tools::INBOX => {
+            let arg = |k: &str| request.arguments.as_ref().and_then(|a| a.get(k));
+            let flag = |k: &str| arg(k).and_then(Value::as_bool).unwrap_or(false);
+            if flag("peek") || flag("include_read") {
+                return;
+            }
+            let mode = match arg("mode").and_then(Value::as_str).map(str::trim) {
+                Some("lease") => "lease",
+                _ => "read",
+            };
+            let n = out.and_then(|o| o.get("messages")).and_then(Value::as_array).map_or(0, Vec::len);
+            if n > 0 {
+                m.messages_read.add(n as u64, &[KeyValue::new("mode", mode)]);
+            }
+        }
+        _ => {}
+    }
+}
+
+pub fn db_operation(operation: &'static str, collection: Option<&str>, ok: bool, elapsed: Duration) {
+    let Some(m) = INSTRUMENTS.get() else { return };
+    let mut attrs = vec![
+        KeyValue::new("db.system.name", "postgresql"),
+        KeyValue::new("db.operation.name", operation),
+        KeyValue::new("outcome", if ok { "ok" } else { "error" }),
+    ];
+    if let Some(table) = collection {
+        attrs.push(KeyValue::new("db.collection.name", table.to_owned()));
+    }
+    m.db_duration.record(elapsed.as_secs_f64(), &attrs);
+}
+
+pub fn pool_wait(elapsed: Duration) {
+    let Some(m) = INSTRUMENTS.get() else { return };
+    m.pool_wait.record(
+        elapsed.as_secs_f64(),
+        &[KeyValue::new("db.client.connection.pool.name", POOL_NAME)],
+    );
+}
