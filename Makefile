@@ -1,4 +1,4 @@
-.PHONY: run test db-stop build clean cluster cluster-stop
+.PHONY: run test db-stop build clean bench bench-quick cluster cluster-stop
 
 ## run: build and start the server on :3000 (a private PostgreSQL under ./data/ unless DATABASE_URL is set)
 run:
@@ -23,5 +23,13 @@ cluster-stop:
 build:
 	cargo build --release
 
-clean: db-stop
+clean: cluster-stop db-stop
 	rm -rf data target
+
+## bench: the full benchmark (~10 min on 2 cores); writes bench/RESULTS.md. Extra options: make bench ARGS="--only mix"
+bench:
+	@PHONE_BENCH_COMMAND="make bench $(ARGS)" bench/run.sh $(ARGS)
+
+## bench-quick: the same in under 2 minutes, smaller sizes (same as make bench ARGS=--quick)
+bench-quick:
+	@PHONE_BENCH_COMMAND="make bench-quick $(ARGS)" bench/run.sh --quick $(ARGS)

@@ -15,9 +15,25 @@ if ! cargo nextest --version >/dev/null 2>&1; then
     echo "test: installing cargo-nextest" >&2
     cargo install --locked cargo-nextest >&2 || true
 fi
+# The cluster tests drive the real load balancer.
+if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
+    echo "test: installing nginx (Debian package)" >&2
+    sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    $sudo apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq nginx-light >&2 \
+        || DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq nginx >&2
+    $sudo service nginx stop >/dev/null 2>&1 || true
+fi
+
+status=0
 if cargo nextest --version >/dev/null 2>&1; then
     # Tests wait on the network and the database more than on the CPU.
-    cargo nextest run --no-fail-fast --test-threads "${PHONE_TEST_THREADS:-8}" "$@"
+    cargo nextest run --no-fail-fast --test-threads "${PHONE_TEST_THREADS:-8}" "$@" || status=$?
 else
-    cargo test --no-fail-fast -- --test-threads "${PHONE_TEST_THREADS:-8}" "$@"
+    cargo test --no-fail-fast -- --test-threads "${PHONE_TEST_THREADS:-8}" "$@" || status=$?
 fi
+
+# Clients and a conformance suite this project did not write (tests/clients).
+if [ "${PHONE_SKIP_CLIENTS:-}" != 1 ]; then
+    tests/clients/run.sh || status=1
+fi
+exit $status

@@ -47,8 +47,11 @@ pub struct Config {
     /// New registrations allowed per client address per hour (0: unlimited).
     pub register_limit: u32,
     /// Take the client address from the last `X-Forwarded-For` entry (set
-    /// this behind a proxy that appends it: nginx, Railway).
+    /// this behind a proxy that appends it, like the bundled nginx).
     pub trust_forwarded_for: bool,
+    /// Or take it from this header, set by the proxy in front (for example
+    /// `X-Real-IP` on Railway). Takes precedence over X-Forwarded-For.
+    pub client_ip_header: Option<http::HeaderName>,
 }
 
 impl Config {
@@ -103,7 +106,7 @@ impl Config {
             database_url,
             bind_address: parse(&get, "PHONE_BIND", "0.0.0.0".parse().unwrap())?,
             port: parse(&get, "PORT", 3000)?,
-            pool_size: bounded(parse(&get, "PHONE_POOL_SIZE", 16)?, "PHONE_POOL_SIZE", 1, 1000)?,
+            pool_size: bounded(parse(&get, "PHONE_POOL_SIZE", 10)?, "PHONE_POOL_SIZE", 1, 1000)?,
             pool_timeout: Duration::from_millis(parse(&get, "PHONE_POOL_TIMEOUT_MS", 2000)?),
             request_timeout: Duration::from_millis(parse(&get, "PHONE_REQUEST_TIMEOUT_MS", 30_000)?),
             shutdown_grace: Duration::from_secs(parse(&get, "PHONE_SHUTDOWN_GRACE_SECS", 20)?),
@@ -122,6 +125,16 @@ impl Config {
             auth_failure_limit: parse(&get, "PHONE_AUTH_FAILURE_LIMIT", 20)?,
             register_limit: parse(&get, "PHONE_REGISTER_LIMIT", 60)?,
             trust_forwarded_for: parse(&get, "PHONE_TRUST_FORWARDED_FOR", false)?,
+            client_ip_header: get("PHONE_CLIENT_IP_HEADER")
+                .filter(|v| !v.trim().is_empty())
+                .map(|v| {
+                    http::HeaderName::try_from(v.trim()).map_err(|e| ConfigError::Invalid {
+                        name: "PHONE_CLIENT_IP_HEADER",
+                        value: v.clone(),
+                        reason: e.to_string(),
+                    })
+                })
+                .transpose()?,
         })
     }
 }

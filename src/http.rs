@@ -20,12 +20,17 @@ use tower_http::{
     limit::RequestBodyLimitLayer, set_header::SetResponseHeaderLayer, timeout::TimeoutLayer,
 };
 
-use crate::{config::Config, domain::Phone, mcp::PhoneServer, store};
+use crate::{
+    config::Config,
+    domain::Phone,
+    mcp::{ClientAddressFrom, PhoneServer},
+    store,
+};
 
 const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
 
 pub fn router(config: &Config, phone: Phone) -> Router {
-    let server = PhoneServer::new(phone.clone(), config.trust_forwarded_for);
+    let server = PhoneServer::new(phone.clone(), ClientAddressFrom::from_config(config));
     let mut hosts: Vec<String> = LOOPBACK_HOSTS.iter().map(|h| h.to_string()).collect();
     hosts.extend(config.allowed_hosts.iter().cloned());
     let mcp_config = StreamableHttpServerConfig::default()
@@ -33,7 +38,7 @@ pub fn router(config: &Config, phone: Phone) -> Router {
         .with_json_response(true)
         .with_sse_keep_alive(None)
         .with_allowed_hosts(hosts)
-        .with_allowed_origins(config.allowed_origins.clone())
+        .with_allowed_origins(allowed_origins(config))
         // No browser origin is trusted unless configured: DNS rebinding.
         .enforce_origin_validation()
         .with_max_request_body_bytes(config.max_body_bytes);
@@ -69,6 +74,23 @@ pub fn router(config: &Config, phone: Phone) -> Router {
         // Outermost: the request's span (joining the caller's W3C trace
         // context), its trace id for the log, and the request metrics.
         .layer(middleware::from_fn(crate::telemetry::trace_request))
+}
+
+/// Browser origins accepted on `/mcp`: the server's own (loopback on any
+/// port, and each configured public host over HTTPS) plus configured ones.
+/// Any other Origin gets 403; requests without an Origin are not affected.
+fn allowed_origins(config: &Config) -> Vec<String> {
+    let mut origins: Vec<String> =
+        ["http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*"].map(String::from).into();
+    for host in &config.allowed_hosts {
+        if host.contains(':') {
+            origins.push(format!("https://{host}"));
+        } else {
+            origins.push(format!("https://{host}:443"));
+        }
+    }
+    origins.extend(config.allowed_origins.iter().cloned());
+    origins
 }
 
 /// 200 when Postgres answers within a second, 503 otherwise.

@@ -130,6 +130,10 @@ async fn dns_rebinding_is_refused() {
     };
     assert_eq!(send(Some("evil.example"), None).await.unwrap().status(), StatusCode::FORBIDDEN);
     assert_eq!(send(None, Some("https://evil.example")).await.unwrap().status(), StatusCode::FORBIDDEN);
+    assert_eq!(send(None, Some("http://localhost.evil.example")).await.unwrap().status(), StatusCode::FORBIDDEN);
+    // The server's own (loopback) origin is not a rebinding attack.
+    let own = format!("http://{}", app.addr);
+    assert_eq!(send(None, Some(&own)).await.unwrap().status(), StatusCode::OK);
     assert_eq!(send(None, None).await.unwrap().status(), StatusCode::OK);
     app.stop().await;
 

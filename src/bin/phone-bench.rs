@@ -61,7 +61,7 @@ impl Mode {
                 name: "quick",
                 warmup: Duration::from_secs(1),
                 measure: Duration::from_secs(3),
-                pgbench_secs: 3,
+                pgbench_secs: 4,
                 search_sizes: vec![10_000, 100_000],
                 search_secs: Duration::from_millis(1500),
                 growth_small: 10_000,
@@ -213,6 +213,8 @@ async fn start_replicas(
             .env("PHONE_BIND", "127.0.0.1")
             .env("PHONE_POOL_SIZE", opts.pool_size.to_string())
             .env("RUST_LOG", "warn")
+            // Every bench agent registers from 127.0.0.1: lift the per-address limit.
+            .env("PHONE_REGISTER_LIMIT", "0")
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
             .stderr(log)
@@ -289,8 +291,9 @@ struct MixRow {
     errors: String,
     error_count: u64,
     error_examples: Vec<String>,
+    /// CPU and counters over the measured window only.
     cpu: CpuUse,
-    calls_total: u64,
+    window_calls: u64,
     commits: i64,
     wal_syncs: i64,
     pgbench_tps: f64,
@@ -315,6 +318,14 @@ impl MixRow {
     fn ratio(&self) -> f64 {
         if self.pgbench_tps > 0.0 { self.sent_per_s() / self.pgbench_tps } else { 0.0 }
     }
+}
+
+struct NoDbRow {
+    what: &'static str,
+    per_s: f64,
+    lat: Summary,
+    server_us: f64,
+    errors: String,
 }
 
 struct RateRow {
@@ -362,6 +373,7 @@ struct Report {
     notes: Vec<String>,
     fsync: Option<f64>,
     mix: Vec<MixRow>,
+    no_db: Vec<NoDbRow>,
     rate: Vec<RateRow>,
     search: Vec<SearchRow>,
     search_seed: Vec<(i64, f64)>,
@@ -386,10 +398,9 @@ async fn run(opts: Opts) -> Result<(), String> {
     let pg_version = db::show(&admin, "server_version").await;
     // Checkpoints spread over bulk loads of millions of rows; the setting is
     // of this private cluster only.
-    admin
-        .batch_execute("ALTER SYSTEM SET max_wal_size = '8GB'; SELECT pg_reload_conf()")
-        .await
-        .map_err(|e| format!("configure cluster: {e}"))?;
+    for sql in ["ALTER SYSTEM SET max_wal_size = '8GB'", "SELECT pg_reload_conf()"] {
+        admin.batch_execute(sql).await.map_err(|e| format!("configure cluster: {}", db::pg_err(&e)))?;
+    }
     let settings = format!(
         "synchronous_commit={}, fsync={}, wal_sync_method={}, shared_buffers={}, max_wal_size=8GB (set by the bench), max_connections={}",
         db::show(&admin, "synchronous_commit").await,
@@ -425,6 +436,26 @@ async fn run(opts: Opts) -> Result<(), String> {
             say!(t0, "{r} replica(s) up on ports {:?}", replicas.iter().map(|x| x.port).collect::<Vec<_>>());
             let mut peak = 0.0f64;
             let mut last_agents: Vec<Agent> = Vec::new();
+            if r == 1 {
+                for (what, label) in [(load::NoDb::Ping, "JSON-RPC ping"), (load::NoDb::InvalidToolCall, "tools/call rejected by validation")] {
+                    let start = tokio::time::Instant::now();
+                    let server_pids = pids(&replicas);
+                    let ((lat, errors), (cpu, _)) = tokio::join!(
+                        load::no_db(&tg, 16, what, start, mode.warmup, mode.measure / 2),
+                        sample_window(&admin, &server_pids, postmaster, &[], start + mode.warmup, start + mode.warmup + mode.measure / 2, hz),
+                    );
+                    let n = lat.len().max(1) as f64;
+                    let row = NoDbRow {
+                        what: label,
+                        per_s: lat.len() as f64 / (mode.measure / 2).as_secs_f64(),
+                        lat: lat.summary(),
+                        server_us: cpu.server / n * 1e6,
+                        errors: errors.describe(),
+                    };
+                    say!(t0, "no-db {label}: {:.0}/s, server {:.0} µs CPU each", row.per_s, row.server_us);
+                    report.no_db.push(row);
+                }
+            }
             for &c in &CONCURRENCY {
                 let row = mix_phase(&opts, &mode, &bench_db, &admin, &replicas, &tg, r, c, postmaster, hz, &mut last_agents).await?;
                 say!(
@@ -506,29 +537,38 @@ async fn mix_phase(
     let base = db::consecutive_ids(bench_db, &names).await?;
     let server_pids = pids(replicas);
 
+    // CPU and database counters are read inside the measured window, while
+    // the load runs: pg_stat_* lag up to a second behind a busy backend and
+    // much longer behind one that went idle, so end-of-run readings are low.
     let _ = bench_db.batch_execute("CHECKPOINT").await;
-    let c0 = db::counters(admin, DB_MIX).await;
-    let cpu0 = CpuProbe::take(&server_pids, postmaster, false);
+    let start = tokio::time::Instant::now();
     let wall0 = chrono::Utc::now();
-    let out = load::mix(tg, &agents, mode.warmup, mode.measure).await;
-    let cpu = CpuProbe::take(&server_pids, postmaster, false).since(&cpu0, hz);
+    let (out, (cpu, window_counters)) = tokio::join!(
+        load::mix(tg, &agents, start, mode.warmup, mode.measure),
+        sample_window(admin, &server_pids, postmaster, &[], start + mode.warmup, start + mode.warmup + mode.measure, hz),
+    );
     let from = wall0 + chrono::Duration::from_std(mode.warmup).unwrap();
     let to = from + chrono::Duration::from_std(mode.measure).unwrap();
-    // Statistics reach pg_stat_* within a second of a backend going idle.
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    let c1 = db::counters(admin, DB_MIX).await;
     let (sent_db, read_db) = db::count_window(bench_db, &names, from, to).await?;
 
     let _ = bench_db.batch_execute("CHECKPOINT").await;
-    let p0 = CpuProbe::take(&[], postmaster, true);
-    let pc0 = db::counters(admin, DB_MIX).await;
-    let pg_from = chrono::Utc::now();
     let script = Path::new("data/bench").join(format!("mix-c{c}.pgbench"));
-    let pg = db::pgbench(&opts.pg_bin, "127.0.0.1", opts.pg_port, DB_MIX, base, c, mode.pgbench_secs, &script).await?;
+    let pg_from = chrono::Utc::now();
+    let child = db::pgbench_start(&opts.pg_bin, "127.0.0.1", opts.pg_port, DB_MIX, base, c, mode.pgbench_secs, &script)?;
+    let pgbench_pid = child.id().unwrap_or(0);
+    let pstart = tokio::time::Instant::now();
+    let (pgbench_cpu, pgbench_counters) = sample_window(
+        admin,
+        &[],
+        postmaster,
+        &[pgbench_pid],
+        pstart + Duration::from_millis(1000),
+        pstart + Duration::from_millis(mode.pgbench_secs * 1000 - 500),
+        hz,
+    )
+    .await;
+    let pg = db::pgbench_finish(child, mode.pgbench_secs).await?;
     let pg_to = chrono::Utc::now();
-    let pgbench_cpu = CpuProbe::take(&[], postmaster, true).since(&p0, hz);
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    let pc1 = db::counters(admin, DB_MIX).await;
     let (pgbench_rows, _) = db::count_window(bench_db, &names, pg_from, pg_to).await?;
 
     *last_agents = agents;
@@ -546,17 +586,39 @@ async fn mix_phase(
         error_count: out.errors.total(),
         error_examples: out.errors.examples.clone(),
         cpu,
-        calls_total: out.calls_total,
-        commits: c1.commits - c0.commits,
-        wal_syncs: c1.wal_syncs - c0.wal_syncs,
+        window_calls: out.sends_ok + out.polls_ok + out.errors.total(),
+        commits: window_counters.commits,
+        wal_syncs: window_counters.wal_syncs,
         pgbench_tps: pg.tps,
         pgbench_failed: pg.failed,
         pgbench_latency_ms: pg.latency_ms,
         pgbench_rows,
         pgbench_cpu,
-        pgbench_commits: pc1.commits - pc0.commits,
-        pgbench_wal_syncs: pc1.wal_syncs - pc0.wal_syncs,
+        pgbench_commits: pgbench_counters.commits,
+        pgbench_wal_syncs: pgbench_counters.wal_syncs,
     })
+}
+
+/// CPU use and database counters between two instants.
+async fn sample_window(
+    admin: &tokio_postgres::Client,
+    server_pids: &[u32],
+    postmaster: u32,
+    loadgen: &[u32],
+    from: tokio::time::Instant,
+    to: tokio::time::Instant,
+    hz: f64,
+) -> (CpuUse, db::DbCounters) {
+    let probe = |server: Vec<u32>, loadgen: Vec<u32>| {
+        tokio::task::spawn_blocking(move || CpuProbe::take(&server, postmaster, &loadgen))
+    };
+    tokio::time::sleep_until(from).await;
+    let c0 = db::counters(admin, DB_MIX).await;
+    let p0 = probe(server_pids.to_vec(), loadgen.to_vec()).await.expect("probe");
+    tokio::time::sleep_until(to).await;
+    let p1 = probe(server_pids.to_vec(), loadgen.to_vec()).await.expect("probe");
+    let c1 = db::counters(admin, DB_MIX).await;
+    (p1.since(&p0, hz), db::DbCounters { commits: c1.commits - c0.commits, wal_syncs: c1.wal_syncs - c0.wal_syncs })
 }
 
 fn search_categories(sample_names: &[String]) -> Vec<(&'static str, Vec<SearchQuery>)> {
@@ -609,7 +671,7 @@ async fn search_phase(
         for from in (seeded + 1..=size).step_by(CHUNK as usize) {
             db::seed_directory(&sdb, from, (from + CHUNK - 1).min(size)).await?;
         }
-        sdb.batch_execute("VACUUM (ANALYZE) agents; CHECKPOINT").await.map_err(|e| format!("vacuum: {e}"))?;
+        db::each(&sdb, &["VACUUM (ANALYZE) agents", "CHECKPOINT"]).await?;
         let took = started.elapsed().as_secs_f64();
         rows_per_sec = (size - seeded) as f64 / took;
         report.search_seed.push((size, took));
@@ -696,7 +758,7 @@ async fn growth_phase(
                 say!(t0, "history: {to} messages");
             }
         }
-        gdb.batch_execute("VACUUM (ANALYZE) messages; CHECKPOINT").await.map_err(|e| format!("vacuum: {e}"))?;
+        db::each(&gdb, &["VACUUM (ANALYZE) messages", "CHECKPOINT"]).await?;
         if i == 1 {
             report.growth_seed_secs = started.elapsed().as_secs_f64();
         }
@@ -788,7 +850,7 @@ fn render(
     let _ = writeln!(w, "- Command: `{}` (mode: {})", opts.command, mode.name);
     let _ = writeln!(w, "- Machine: {cores} cores ({cpu}), {mem_gib:.1} GiB memory, Linux {kernel}; load average at start: {}", loadavg.split_whitespace().take(3).collect::<Vec<_>>().join(" "));
     let _ = writeln!(w, "- PostgreSQL {pg_version}, local, durable: {settings}");
-    let _ = writeln!(w, "- Server: release build, revision {}, PHONE_POOL_SIZE={} per replica, RUST_LOG=warn; replicas on 127.0.0.1:{}+", git_revision(), opts.pool_size, opts.base_port);
+    let _ = writeln!(w, "- Server: release build, revision {}, PHONE_POOL_SIZE={} per replica, RUST_LOG=warn, PHONE_REGISTER_LIMIT=0 (all bench agents register from 127.0.0.1); replicas on 127.0.0.1:{}+", git_revision(), opts.pool_size, opts.base_port);
     let _ = writeln!(w, "- Load generator: `phone-bench` (in-repo), one tokio thread, HTTP/1.1 keep-alive, one connection per worker; each connection does `initialize` + `notifications/initialized`, then JSON-RPC `tools/call` POSTs to /mcp with Bearer tokens. With 3 replicas the connections are spread round-robin over the replicas' ports directly (no proxy in front).");
     let _ = writeln!(w, "- Phase lengths: mix {} s measured after {} s warm-up; pgbench {} s; search {:.1} s per category.", mode.measure.as_secs(), mode.warmup.as_secs(), mode.pgbench_secs, mode.search_secs.as_secs_f64());
     let _ = writeln!(w, "- Everything (load generator, replicas, PostgreSQL) shares the same {cores} cores, and other work on the machine (e.g. compilers) competes too: absolute numbers are noisy; the ratio to the pgbench baseline measured minutes apart in the same run is the comparable figure. The `other CPU` column below shows how much CPU went to processes outside the benchmark.");
@@ -882,12 +944,12 @@ fn render(
                 m.pgbench_latency_ms
             );
         }
-        let _ = writeln!(w, "\nWhere the time goes: CPU per call (one call = one send or one poll; for pgbench one statement), from /proc, over the whole phase. `other` is machine CPU used by none of server, PostgreSQL or load generator.\n");
+        let _ = writeln!(w, "\nWhere the time goes: CPU per call (one call = one send or one poll; for pgbench one statement), from /proc, over the whole phase. over the measured window (pgbench: from 1 s after its start to 0.5 s before its end). `other` is machine CPU used by none of server, PostgreSQL or load generator, in cores. Commits and WAL flushes from pg_stat_database / pg_stat_wal over the same window.\n");
         let _ = writeln!(w, "| replicas | conc. | server µs/call | PostgreSQL µs/call | loadgen µs/call | other CPU (cores) | commits/call | WAL flushes/s | pgbench: PostgreSQL µs/stmt | pgbench µs/stmt | commits/stmt | WAL flushes/s | other CPU (cores) |");
         let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
         for m in &r.mix {
-            let calls = m.calls_total.max(1) as f64;
-            let stmts = (m.pgbench_tps * 2.0 * mode.pgbench_secs as f64).max(1.0);
+            let calls = m.window_calls.max(1) as f64;
+            let stmts = (m.pgbench_tps * 2.0 * m.pgbench_cpu.wall).max(1.0);
             let _ = writeln!(
                 w,
                 "| {} | {} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} |",
@@ -899,6 +961,14 @@ fn render(
                 m.pgbench_commits as f64 / stmts, m.pgbench_wal_syncs as f64 / m.pgbench_cpu.wall.max(1e-9),
                 m.pgbench_cpu.other() / m.pgbench_cpu.wall.max(1e-9),
             );
+        }
+        if !r.no_db.is_empty() {
+            let _ = writeln!(w, "\nThe server's fixed cost per request, without the database (1 replica, 16 connections, closed loop): what HTTP, the JSON-RPC checks, rmcp and the tool dispatch cost before any SQL.\n");
+            let _ = writeln!(w, "| request | per s | p50 / p99 ms | server CPU µs/request | errors |");
+            let _ = writeln!(w, "|---|---|---|---|---|");
+            for x in &r.no_db {
+                let _ = writeln!(w, "| {} | {:.0} | {:.2} / {:.2} | {:.0} | {} |", x.what, x.per_s, x.lat.p50, x.lat.p99, x.server_us, x.errors);
+            }
         }
         let examples: Vec<&String> = r.mix.iter().flat_map(|m| m.error_examples.iter()).take(5).collect();
         if !examples.is_empty() {

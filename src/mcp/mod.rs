@@ -21,10 +21,30 @@ use crate::domain::messages::{self, InboxRequest, SendRequest};
 use crate::domain::{AgentName, Caller, InvalidInput, MessageId, Phone, PhoneError, Token};
 use args::Args;
 
+/// Where the caller's address comes from, for rate limits.
+#[derive(Debug, Clone)]
+pub enum ClientAddressFrom {
+    Peer,
+    /// The last X-Forwarded-For entry (the one the trusted proxy appended).
+    ForwardedFor,
+    /// A header the trusted proxy sets, e.g. X-Real-IP.
+    Header(http::HeaderName),
+}
+
+impl ClientAddressFrom {
+    pub fn from_config(config: &crate::config::Config) -> Self {
+        match (&config.client_ip_header, config.trust_forwarded_for) {
+            (Some(name), _) => Self::Header(name.clone()),
+            (None, true) => Self::ForwardedFor,
+            (None, false) => Self::Peer,
+        }
+    }
+}
+
 /// Built once; every request's handler is an `Arc` clone of it.
 pub struct Surface {
     phone: Phone,
-    trust_forwarded_for: bool,
+    client_address_from: ClientAddressFrom,
     tools: Vec<Tool>,
     info: ServerConfig,
 }
@@ -33,14 +53,14 @@ pub struct Surface {
 pub struct PhoneServer(Arc<Surface>);
 
 impl PhoneServer {
-    pub fn new(phone: Phone, trust_forwarded_for: bool) -> Self {
+    pub fn new(phone: Phone, client_address_from: ClientAddressFrom) -> Self {
         let info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(
                 Implementation::new("phone", env!("CARGO_PKG_VERSION"))
                     .with_title("phone: mailbox and address book for AI agents"),
             )
             .with_instructions(tools::INSTRUCTIONS);
-        Self(Arc::new(Surface { phone, trust_forwarded_for, tools: tools::definitions(), info }))
+        Self(Arc::new(Surface { phone, client_address_from, tools: tools::definitions(), info }))
     }
 
     pub fn tools(&self) -> &[Tool] {
@@ -245,11 +265,18 @@ impl PhoneServer {
         let Some(parts) = context.extensions.get::<http::request::Parts>() else {
             return "unknown".into();
         };
-        if self.0.trust_forwarded_for
-            && let Some(forwarded) = parts.headers.get("x-forwarded-for").and_then(|v| v.to_str().ok())
-            && let Some(last) = forwarded.rsplit(',').next().map(str::trim).filter(|s| !s.is_empty())
-        {
-            return last.to_owned();
+        let from_header = |name: &http::HeaderName, last_entry: bool| {
+            let value = parts.headers.get(name)?.to_str().ok()?;
+            let value = if last_entry { value.rsplit(',').next()? } else { value };
+            Some(value.trim().to_owned()).filter(|v| !v.is_empty())
+        };
+        let proxied = match &self.0.client_address_from {
+            ClientAddressFrom::Peer => None,
+            ClientAddressFrom::ForwardedFor => from_header(&http::HeaderName::from_static("x-forwarded-for"), true),
+            ClientAddressFrom::Header(name) => from_header(name, false),
+        };
+        if let Some(address) = proxied {
+            return address;
         }
         parts
             .extensions

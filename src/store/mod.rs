@@ -271,8 +271,9 @@ fn db_span(sql: Option<&str>) -> tracing::Span {
 }
 
 /// The operation and main table of a statement, for span names and metric
-/// attributes: the first INSERT/UPDATE/DELETE target when the statement
-/// modifies data (also inside `WITH`), else the first table read.
+/// attributes. A statement that writes (also inside `WITH`) is named by its
+/// write, INSERT before UPDATE before DELETE (`WITH expired AS (DELETE …)
+/// INSERT …` is an INSERT); otherwise by the first table it reads.
 pub fn summarize(sql: &str) -> (&'static str, Option<&str>) {
     let words: Vec<&str> = sql
         .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
@@ -285,17 +286,26 @@ pub fn summarize(sql: &str) -> (&'static str, Option<&str>) {
                 && w.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         })
     };
-    for (i, w) in words.iter().enumerate() {
-        if is(w, "insert") && words.get(i + 1).is_some_and(|n| is(n, "into")) {
-            return ("INSERT", table(i + 2));
-        }
-        // Not a row lock (`FOR [NO KEY] UPDATE`) nor `ON CONFLICT DO UPDATE`.
-        let locking = i > 0 && ["for", "key", "do"].iter().any(|k| is(words[i - 1], k));
-        if is(w, "update") && !locking {
-            return ("UPDATE", table(i + 1));
-        }
-        if is(w, "delete") && words.get(i + 1).is_some_and(|n| is(n, "from")) {
-            return ("DELETE", table(i + 2));
+    let find = |keyword: &str, next: Option<&str>| {
+        words.iter().enumerate().find_map(|(i, w)| {
+            if !is(w, keyword) {
+                return None;
+            }
+            // Not a row lock (`FOR [NO KEY] UPDATE`) nor `ON CONFLICT DO UPDATE`.
+            if i > 0 && ["for", "key", "do"].iter().any(|k| is(words[i - 1], k)) {
+                return None;
+            }
+            match next {
+                Some(n) => words.get(i + 1).filter(|w| is(w, n)).map(|_| table(i + 2)),
+                None => Some(table(i + 1)),
+            }
+        })
+    };
+    for (operation, keyword, next) in
+        [("INSERT", "insert", Some("into")), ("UPDATE", "update", None), ("DELETE", "delete", Some("from"))]
+    {
+        if let Some(collection) = find(keyword, next) {
+            return (operation, collection);
         }
     }
     let first = words.first().copied().unwrap_or("");
@@ -373,4 +383,36 @@ pub async fn ping(pool: &Pool) -> Result<(), StoreError> {
     let client = pool.get().await?;
     client.simple_query("SELECT 1").await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::summarize;
+
+    #[test]
+    fn statements_are_named_by_what_they_do() {
+        assert_eq!(summarize("SELECT 1"), ("SELECT", None));
+        assert_eq!(summarize("SELECT id FROM agents WHERE token_hash = $1"), ("SELECT", Some("agents")));
+        assert_eq!(
+            summarize("SELECT count(*) FROM (SELECT 1 FROM messages m WHERE x) w"),
+            ("SELECT", Some("messages"))
+        );
+        assert_eq!(
+            summarize(
+                "WITH picked AS (SELECT m.id FROM messages m ORDER BY m.id LIMIT $2 FOR UPDATE SKIP LOCKED),
+                 taken AS (UPDATE messages m SET read_at = now() FROM picked WHERE m.id = picked.id RETURNING m.*)
+                 SELECT * FROM taken"
+            ),
+            ("UPDATE", Some("messages"))
+        );
+        assert_eq!(
+            summarize("WITH expired AS (DELETE FROM inbox_waiters WHERE a) INSERT INTO inbox_waiters (a) VALUES ($1)"),
+            ("INSERT", Some("inbox_waiters"))
+        );
+        assert_eq!(
+            summarize("INSERT INTO rate_limits AS r VALUES ($1) ON CONFLICT (bucket) DO UPDATE SET hits = 1"),
+            ("INSERT", Some("rate_limits"))
+        );
+        assert_eq!(summarize("DELETE FROM inbox_waiters WHERE id = $1"), ("DELETE", Some("inbox_waiters")));
+    }
 }

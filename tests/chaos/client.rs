@@ -27,11 +27,6 @@ impl Outcome {
         matches!(self, Self::Ok(_))
     }
 
-    /// The documented "busy / unavailable, retry" tool error.
-    pub fn is_busy(&self) -> bool {
-        matches!(self, Self::Tool(t) if t.contains("temporarily unavailable"))
-    }
-
     /// Worth retrying with the same arguments (on another replica).
     pub fn retryable(&self) -> bool {
         match self {
@@ -39,16 +34,6 @@ impl Outcome {
             Self::Tool(t) => t.contains("temporarily unavailable") || t.contains("retry later"),
             Self::Http(s, _) => *s >= 500 || *s == 408 || *s == 429,
             Self::Transport(_) | Self::Timeout => true,
-        }
-    }
-
-    /// The response may have been lost after the server acted on the call.
-    pub fn maybe_lost_response(&self) -> bool {
-        match self {
-            Self::Transport(_) | Self::Timeout => true,
-            Self::Http(s, _) => *s >= 500 || *s == 408,
-            Self::Tool(t) => t.contains("internal error"),
-            _ => false,
         }
     }
 

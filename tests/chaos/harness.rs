@@ -131,6 +131,7 @@ impl Replica {
             ("PHONE_POOL_TIMEOUT_MS".into(), "1000".into()),
             ("PHONE_SHUTDOWN_GRACE_SECS".into(), "2".into()),
             ("RUST_LOG".into(), "warn".into()),
+            ("NO_COLOR".into(), "1".into()),
         ];
         for (k, v) in extra {
             env.retain(|(key, _)| key != k);
@@ -234,13 +235,6 @@ impl Replica {
         }
     }
 
-    pub fn is_running(&mut self) -> bool {
-        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
-    }
-
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().and_then(|c| c.id())
-    }
 }
 
 /// Lines of the replicas' logs that show a panic (there must be none).
@@ -323,10 +317,6 @@ impl Proxy {
             }
         }
         self.changed.send_replace(link);
-    }
-
-    pub fn connections(&self) -> usize {
-        self.conns.lock().unwrap().iter().filter(|h| !h.is_finished()).count()
     }
 }
 

@@ -3,10 +3,10 @@
 //!
 //! Senders record every send the server acknowledged, with its idempotency
 //! key; a failed call is retried on the next replica with the same key.
-//! Pollers (read mode) record every message a poll returned; after a poll
-//! whose response may have been lost they look at their history
-//! (`include_read: true`), since a poll marks messages read in the same
-//! transaction that returns them.
+//! Pollers (read mode) record every message a poll returned; after a failed
+//! poll (its response may have been lost, or its connection to PostgreSQL
+//! after the commit) they look at their history (`include_read: true`),
+//! since a poll marks messages read in the same transaction that returns them.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -72,6 +72,8 @@ pub struct CallRecord {
     pub end: f64,
     pub replica: usize,
     pub tool: &'static str,
+    /// The agent that called (sender or recipient); empty for probes.
+    pub agent: String,
     pub kind: String,
     pub detail: String,
 }
@@ -88,7 +90,6 @@ impl CallRecord {
 #[derive(Debug, Clone)]
 pub struct SendRecord {
     pub key: String,
-    pub sender: String,
     pub recipient: String,
     pub body: String,
     pub attempts: u32,
@@ -121,6 +122,8 @@ pub struct Agent {
 
 pub struct Load {
     pub t0: Instant,
+    /// The wall clock at `t0`, to place database timestamps on the call log.
+    pub wall0: chrono::DateTime<chrono::Utc>,
     pub bases: Vec<String>,
     pub config: LoadConfig,
     pub calls: Mutex<Vec<CallRecord>>,
@@ -155,6 +158,7 @@ impl Load {
         }
         let load = Arc::new(Load {
             t0: Instant::now(),
+            wall0: chrono::Utc::now(),
             bases,
             config: config.clone(),
             calls: Mutex::default(),
@@ -180,13 +184,14 @@ impl Load {
         self.t0.elapsed().as_secs_f64()
     }
 
-    fn record(&self, start: f64, replica: usize, tool: &'static str, out: &Outcome) {
+    fn record(&self, start: f64, replica: usize, tool: &'static str, agent: &str, out: &Outcome) {
         let end = self.now();
         self.calls.lock().unwrap().push(CallRecord {
             start,
             end,
             replica,
             tool,
+            agent: agent.to_owned(),
             kind: out.kind(),
             detail: out.detail(),
         });
@@ -231,7 +236,6 @@ async fn sender(load: Arc<Load>, idx: usize) {
         let body = format!("chaos {key}");
         let mut rec = SendRecord {
             key: key.clone(),
-            sender: me.name.clone(),
             recipient: to.name.clone(),
             body: body.clone(),
             attempts: 0,
@@ -246,7 +250,7 @@ async fn sender(load: Arc<Load>, idx: usize) {
             let at = load.now();
             let args = json!({"name": me.name, "token": me.token, "to": to.name, "body": body, "idempotency_key": key});
             let (out, _) = mcp.call(&load.bases[r], "phone_send", args).await;
-            load.record(at, r, "phone_send", &out);
+            load.record(at, r, "phone_send", &me.name, &out);
             match out {
                 Outcome::Ok(v) => {
                     let id = v["id"].as_str().expect("sent id").to_owned();
@@ -291,7 +295,7 @@ async fn poller(load: Arc<Load>, recipient: usize, p: usize) {
         let wait_now = if draining { 0 } else { wait };
         let args = json!({"name": me.name, "token": me.token, "limit": 20, "wait_seconds": wait_now});
         let (out, _) = mcp.call(&load.bases[r], "phone_inbox", args).await;
-        load.record(at, r, "phone_inbox", &out);
+        load.record(at, r, "phone_inbox", &me.name, &out);
         match out {
             Outcome::Ok(v) => {
                 let messages = v["messages"].as_array().cloned().unwrap_or_default();
@@ -315,7 +319,11 @@ async fn poller(load: Arc<Load>, recipient: usize, p: usize) {
                 }
             }
             o => {
-                if o.maybe_lost_response() {
+                // Whatever the failure, the poll may have committed: a
+                // connection lost after PostgreSQL ran the UPDATE reads as
+                // "temporarily unavailable; retry", and a retry will not
+                // return those messages again. Look at the history.
+                if !matches!(o, Outcome::Rpc(..)) {
                     need_history = true;
                 }
                 r = (r + 1) % n;
@@ -343,7 +351,7 @@ async fn history(load: &Load, mcp: &Mcp, r: usize, me: &Agent) -> bool {
     let at = load.now();
     let args = json!({"name": me.name, "token": me.token, "limit": 100, "include_read": true});
     let (out, _) = mcp.call(&load.bases[r], "phone_inbox", args).await;
-    load.record(at, r, "phone_inbox", &out);
+    load.record(at, r, "phone_inbox", &me.name, &out);
     match out {
         Outcome::Ok(v) => {
             record_seen(load, me, v["messages"].as_array().map(Vec::as_slice).unwrap_or(&[]), Via::History);
@@ -402,6 +410,9 @@ pub struct Verdict {
     pub stored_unacknowledged: usize,
     pub db_rows: usize,
     pub polled: usize,
+    /// For messages read but never returned by a poll: key, and when the
+    /// database marked them read (seconds since the load started).
+    pub unseen: Vec<(String, String, f64)>,
 }
 
 impl Verdict {
@@ -462,7 +473,7 @@ pub async fn check(load: &Load, database_url: &str) -> Verdict {
     let rows = db
         .query(
             "SELECT m.id, s.name AS sender, r.name AS recipient, m.idempotency_key, m.body,
-                    m.read_at IS NOT NULL AS read, m.delivery_count
+                    m.read_at IS NOT NULL AS read, m.read_at, m.delivery_count
              FROM messages m JOIN agents s ON s.id = m.sender_id JOIN agents r ON r.id = m.recipient_id",
             &[],
         )
@@ -474,6 +485,7 @@ pub async fn check(load: &Load, database_url: &str) -> Verdict {
 
     // key -> (id, read, delivery_count) rows in the database
     let mut stored: HashMap<String, Vec<(String, bool, i32)>> = HashMap::new();
+    let mut read_at: HashMap<String, f64> = HashMap::new();
     for row in &rows {
         let key: Option<String> = row.get("idempotency_key");
         let body: String = row.get("body");
@@ -485,6 +497,9 @@ pub async fn check(load: &Load, database_url: &str) -> Verdict {
         match by_key.get(key.as_str()) {
             Some(s) if s.body == body && s.recipient == row.get::<_, String>("recipient") => {}
             _ => v.invented.push(format!("{id} stored with key {key}: {body:?}")),
+        }
+        if let Some(t) = row.get::<_, Option<chrono::DateTime<chrono::Utc>>>("read_at") {
+            read_at.insert(key.clone(), (t - load.wall0).num_milliseconds() as f64 / 1000.0);
         }
         stored.entry(key).or_default().push((id, row.get("read"), row.get("delivery_count")));
     }
@@ -554,6 +569,7 @@ pub async fn check(load: &Load, database_url: &str) -> Verdict {
         match ids.len() {
             1 => v.delivered_once += 1,
             0 if copies[0].1 => {
+                v.unseen.push((s.key.clone(), s.recipient.clone(), read_at.get(&s.key).copied().unwrap_or(f64::NAN)));
                 if in_history.contains(&s.key) {
                     v.via_history += 1;
                 } else {
@@ -608,6 +624,26 @@ pub fn failures(calls: &[CallRecord], from: f64, to: f64, replica: Option<usize>
     let mut kinds: Vec<_> = kinds.into_iter().collect();
     kinds.sort_by(|a, b| b.1.cmp(&a.1));
     (kinds, slowest)
+}
+
+/// For each message read but never returned by a poll: the failed polls of
+/// its inbox around the moment it was marked read (evidence of a lost response).
+pub fn explain_unseen(load: &Load, v: &Verdict) -> Vec<String> {
+    let calls = load.calls();
+    v.unseen
+        .iter()
+        .take(10)
+        .map(|(key, recipient, t)| {
+            let near: Vec<String> = calls
+                .iter()
+                .filter(|c| {
+                    c.tool == "phone_inbox" && c.agent == *recipient && !c.ok() && c.start <= t + 0.05 && c.end >= t - 0.05
+                })
+                .map(|c| format!("{} from replica {} {:.2}–{:.2} s: {}", c.kind, c.replica, c.start, c.end, crate::client::snippet(&c.detail)))
+                .collect();
+            format!("{key} to {recipient} marked read at {t:.2} s; that inbox's failed polls then: {near:?}")
+        })
+        .collect()
 }
 
 pub fn kinds_text(kinds: &[(String, usize)]) -> String {

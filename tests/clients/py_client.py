@@ -85,10 +85,8 @@ class Runner:
             else:
                 check(version == self.mode, "pinned version is used", version)
             log(f"connected, protocol {version}")
-            if self.mode != "legacy" and self.mode != "auto":
-                # A pinned client skips server/discover; its synthesized result has no instructions.
-                pass
-            else:
+            # A pinned client skips server/discover: no instructions or serverInfo to check.
+            if self.mode in ("legacy", "auto"):
                 instructions = c.instructions or ""
                 check("phone_register" in instructions, "server instructions mention phone_register", instructions)
                 info = c.server_info
@@ -242,13 +240,21 @@ class Runner:
         return self.tokens[who] if self.auth == "bearer" else None
 
 
+def innermost(e: BaseException) -> BaseException:
+    """The first leaf of an ExceptionGroup (anyio wraps failures in task groups)."""
+    while isinstance(e, BaseExceptionGroup) and e.exceptions:
+        e = e.exceptions[0]
+    return e
+
+
 async def main() -> int:
     url, mode, auth, run_id = sys.argv[1:5]
     try:
         await asyncio.wait_for(Runner(url, mode, auth, run_id).run(), timeout=90)
     except BaseException as e:  # noqa: BLE001 - report anything, including ExceptionGroups
-        print(f"FAIL python mode={mode} auth={auth}: {type(e).__name__}: {e}", flush=True)
-        traceback.print_exc(limit=4)
+        leaf = innermost(e)
+        print(f"FAIL python mode={mode} auth={auth}: {type(leaf).__name__}: {leaf}", flush=True)
+        traceback.print_exc(limit=6)
         return 1
     print(f"ok python mode={mode} auth={auth}", flush=True)
     return 0

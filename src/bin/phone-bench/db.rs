@@ -7,9 +7,17 @@ use std::{path::Path, process::Stdio, time::Duration};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio_postgres::{Client, NoTls};
 
+/// tokio-postgres prints only "db error"; the server's message is inside.
+pub fn pg_err(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{}: {}", db.code().code(), db.message()),
+        None => e.to_string(),
+    }
+}
+
 pub async fn connect(url: &str) -> Result<Client, String> {
     let (client, connection) =
-        tokio_postgres::connect(url, NoTls).await.map_err(|e| format!("connect {url}: {e}"))?;
+        tokio_postgres::connect(url, NoTls).await.map_err(|e| format!("connect {url}: {}", pg_err(&e)))?;
     tokio::spawn(async move {
         let _ = connection.await;
     });
@@ -17,21 +25,30 @@ pub async fn connect(url: &str) -> Result<Client, String> {
 }
 
 pub async fn recreate_database(admin: &Client, name: &str) -> Result<(), String> {
-    admin
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE); CREATE DATABASE {name}"))
-        .await
-        .map_err(|e| format!("recreate database {name}: {e}"))
+    // Neither statement may run in a transaction block: one at a time.
+    for sql in [format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"), format!("CREATE DATABASE {name}")] {
+        admin.batch_execute(&sql).await.map_err(|e| format!("{sql}: {}", pg_err(&e)))?;
+    }
+    Ok(())
+}
+
+/// Statements that refuse transaction blocks (VACUUM), one by one.
+pub async fn each(db: &Client, statements: &[&str]) -> Result<(), String> {
+    for sql in statements {
+        db.batch_execute(sql).await.map_err(|e| format!("{sql}: {}", pg_err(&e)))?;
+    }
+    Ok(())
 }
 
 pub async fn scalar_i64(db: &Client, sql: &str) -> Result<i64, String> {
-    db.query_one(sql, &[]).await.map(|r| r.get(0)).map_err(|e| format!("{sql}: {e}"))
+    db.query_one(sql, &[]).await.map(|r| r.get(0)).map_err(|e| format!("{sql}: {}", pg_err(&e)))
 }
 
 pub async fn show(db: &Client, setting: &str) -> String {
     db.query_one(&format!("SHOW {setting}"), &[])
         .await
         .map(|r| r.get::<_, String>(0))
-        .unwrap_or_else(|e| format!("? ({e})"))
+        .unwrap_or_else(|e| format!("? ({})", pg_err(&e)))
 }
 
 /// Database-wide counters around a phase: transactions and WAL flushes.
@@ -67,7 +84,7 @@ pub async fn count_window(
             &[&names, &from, &to],
         )
         .await
-        .map_err(|e| format!("count messages: {e}"))?;
+        .map_err(|e| format!("count messages: {}", pg_err(&e)))?;
     Ok((row.get(0), row.get(1)))
 }
 
@@ -76,7 +93,7 @@ pub async fn consecutive_ids(db: &Client, names: &[String]) -> Result<i64, Strin
     let rows = db
         .query("SELECT name, id FROM agents WHERE name = ANY($1)", &[&names])
         .await
-        .map_err(|e| format!("agent ids: {e}"))?;
+        .map_err(|e| format!("agent ids: {}", pg_err(&e)))?;
     let id_of = |n: &String| rows.iter().find(|r| r.get::<_, &str>(0) == n).map(|r| r.get::<_, i64>(1));
     let base = id_of(&names[0]).ok_or("first agent missing")?;
     for (i, n) in names.iter().enumerate() {
@@ -181,7 +198,7 @@ pub async fn seed_directory(db: &Client, from: i64, to: i64) -> Result<(), Strin
         projects = sql_array(PROJECTS),
         nprojects = PROJECTS.len(),
     );
-    db.execute(&sql, &[&from, &to]).await.map_err(|e| format!("seed directory: {e}"))?;
+    db.execute(&sql, &[&from, &to]).await.map_err(|e| format!("seed directory: {}", pg_err(&e)))?;
     Ok(())
 }
 
@@ -195,7 +212,7 @@ pub async fn seed_mailbox_agents(db: &Client, n: i64) -> Result<i64, String> {
         &[&n],
     )
     .await
-    .map_err(|e| format!("seed agents: {e}"))?;
+    .map_err(|e| format!("seed agents: {}", pg_err(&e)))?;
     scalar_i64(db, "SELECT min(id) FROM agents WHERE project = 'growth'").await
 }
 
@@ -224,7 +241,7 @@ pub async fn seed_history(
         &[&base, &agents, &all_read_slots, &from, &to],
     )
     .await
-    .map_err(|e| format!("seed history: {e}"))?;
+    .map_err(|e| format!("seed history: {}", pg_err(&e)))?;
     Ok(())
 }
 
@@ -232,23 +249,24 @@ pub struct PgbenchResult {
     pub tps: f64,
     pub failed: u64,
     pub latency_ms: f64,
-    pub output: String,
 }
 
 /// pgbench, prepared, `clients` clients: client k is agent base+k and
 /// pairs with k^1 like the mix; each transaction is the mix's minimal SQL:
 /// one INSERT (a send) and one UPDATE … SKIP LOCKED … RETURNING (a poll),
-/// each its own autocommit transaction.
-pub async fn pgbench(
+/// each its own autocommit transaction. Returns the running child; see
+/// `pgbench_finish`.
+#[allow(clippy::too_many_arguments)]
+pub fn pgbench_start(
     bin: &Path,
-    url_host: &str,
+    host: &str,
     port: u16,
     database: &str,
     base_id: i64,
     clients: usize,
     secs: u64,
     script: &Path,
-) -> Result<PgbenchResult, String> {
+) -> Result<tokio::process::Child, String> {
     let body = crate::load::BODY;
     std::fs::write(
         script,
@@ -260,28 +278,31 @@ pub async fn pgbench(
         ),
     )
     .map_err(|e| format!("write pgbench script: {e}"))?;
-    let threads = clients.min(2);
-    let out = tokio::time::timeout(
-        Duration::from_secs(secs + 60),
-        tokio::process::Command::new(bin.join("pgbench"))
-            .args(["-n", "-M", "prepared", "-h", url_host, "-U", "postgres"])
-            .arg("-p")
-            .arg(port.to_string())
-            .arg("-c")
-            .arg(clients.to_string())
-            .arg("-j")
-            .arg(threads.to_string())
-            .arg("-T")
-            .arg(secs.to_string())
-            .arg("-f")
-            .arg(script)
-            .arg(database)
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .map_err(|_| "pgbench did not finish in time".to_string())?
-    .map_err(|e| format!("run pgbench: {e}"))?;
+    tokio::process::Command::new(bin.join("pgbench"))
+        .args(["-n", "-M", "prepared", "-h", host, "-U", "postgres"])
+        .arg("-p")
+        .arg(port.to_string())
+        .arg("-c")
+        .arg(clients.to_string())
+        .arg("-j")
+        .arg(clients.min(2).to_string())
+        .arg("-T")
+        .arg(secs.to_string())
+        .arg("-f")
+        .arg(script)
+        .arg(database)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("run pgbench: {e}"))
+}
+
+pub async fn pgbench_finish(child: tokio::process::Child, secs: u64) -> Result<PgbenchResult, String> {
+    let out = tokio::time::timeout(Duration::from_secs(secs + 60), child.wait_with_output())
+        .await
+        .map_err(|_| "pgbench did not finish in time".to_string())?
+        .map_err(|e| format!("pgbench: {e}"))?;
     let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     if !out.status.success() {
         return Err(format!("pgbench failed: {text}"));
@@ -296,7 +317,6 @@ pub async fn pgbench(
         tps: number_after("tps = ").ok_or_else(|| format!("no tps in pgbench output: {text}"))?,
         failed: number_after("number of failed transactions:").unwrap_or(0.0) as u64,
         latency_ms: number_after("latency average =").unwrap_or(0.0),
-        output: text,
     })
 }
 

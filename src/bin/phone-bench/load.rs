@@ -88,9 +88,14 @@ impl MixOutcome {
 /// Closed loop: one worker per agent, each on its own keep-alive connection
 /// (replicas round-robin). Agent i sends to agent i^1, then polls its own
 /// inbox: sends and polls 1:1. Calls before `warmup` are not recorded.
-pub async fn mix(targets: &[Target], agents: &[Agent], warmup: Duration, measure: Duration) -> MixOutcome {
+pub async fn mix(
+    targets: &[Target],
+    agents: &[Agent],
+    start: Instant,
+    warmup: Duration,
+    measure: Duration,
+) -> MixOutcome {
     assert!(agents.len() % 2 == 0, "agents come in pairs");
-    let start = Instant::now();
     let record_from = start + warmup;
     let stop_at = record_from + measure;
     let mut tasks = Vec::new();
@@ -155,6 +160,76 @@ pub async fn mix(targets: &[Target], agents: &[Agent], warmup: Duration, measure
         }
     }
     total
+}
+
+/// Requests that reach the MCP layer but not the database, to price the
+/// server's fixed cost per request: JSON-RPC `ping`, or a `phone_inbox`
+/// call whose arguments fail validation (a tool error before any query).
+#[derive(Clone, Copy, Debug)]
+pub enum NoDb {
+    Ping,
+    InvalidToolCall,
+}
+
+pub async fn no_db(
+    targets: &[Target],
+    workers: usize,
+    what: NoDb,
+    start: Instant,
+    warmup: Duration,
+    measure: Duration,
+) -> (Lat, Errors) {
+    let record_from = start + warmup;
+    let stop_at = record_from + measure;
+    let mut tasks = Vec::new();
+    for w in 0..workers {
+        let target = targets[w % targets.len()].clone();
+        tasks.push(tokio::spawn(async move {
+            let (mut lat, mut errors) = (Lat::default(), Errors::default());
+            let Some(mut conn) = open_until(&target, stop_at, &mut errors).await else {
+                return (lat, errors);
+            };
+            for _ in 0..MAX_CALLS_PER_WORKER {
+                if Instant::now() >= stop_at {
+                    break;
+                }
+                let t = Instant::now();
+                let r = match what {
+                    NoDb::Ping => conn.request("ping", json!({}), None).await.map(|_| ()),
+                    NoDb::InvalidToolCall => match conn.call_tool("phone_inbox", json!({"limit": 0}), None).await {
+                        Err(crate::mcp::CallError::Tool(_)) => Ok(()),
+                        Ok(v) => Err(crate::mcp::CallError::Decode(format!("expected a tool error, got {v}"))),
+                        Err(e) => Err(e),
+                    },
+                };
+                match r {
+                    Ok(()) => {
+                        if t >= record_from {
+                            lat.record(t.elapsed());
+                        }
+                    }
+                    Err(e) => {
+                        errors.add("no-db", e.kind(), &e.to_string());
+                        if e.needs_reconnect() {
+                            match open_until(&target, stop_at, &mut errors).await {
+                                Some(c) => conn = c,
+                                None => break,
+                            }
+                        }
+                    }
+                }
+            }
+            (lat, errors)
+        }));
+    }
+    let (mut lat, mut errors) = (Lat::default(), Errors::default());
+    for t in tasks {
+        if let Ok((l, e)) = t.await {
+            lat.merge(l);
+            errors.merge(e);
+        }
+    }
+    (lat, errors)
 }
 
 async fn open_until(target: &Target, deadline: Instant, errors: &mut Errors) -> Option<Conn> {

@@ -13,7 +13,6 @@ pub struct Lat {
 #[derive(Default, Clone, Copy, Debug)]
 pub struct Summary {
     pub count: usize,
-    pub mean: f64,
     pub p50: f64,
     pub p90: f64,
     pub p99: f64,
@@ -45,10 +44,8 @@ impl Lat {
             let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
             f64::from(v[rank - 1]) / 1000.0
         };
-        let mean = v.iter().map(|&x| f64::from(x)).sum::<f64>() / v.len() as f64 / 1000.0;
         Summary {
             count: v.len(),
-            mean,
             p50: at(0.50),
             p90: at(0.90),
             p99: at(0.99),
@@ -199,14 +196,14 @@ pub struct CpuProbe {
 }
 
 impl CpuProbe {
-    /// `loadgen_children`: count reaped children of this process too (pgbench).
-    pub fn take(server_pids: &[u32], postmaster: u32, loadgen_children: bool) -> Self {
-        let me = proc_ticks(std::process::id()).unwrap_or((0, 0));
+    /// `loadgen`: the processes generating load (empty: this process).
+    pub fn take(server_pids: &[u32], postmaster: u32, loadgen: &[u32]) -> Self {
+        let own = |pids: &[u32]| -> u64 { pids.iter().filter_map(|&p| proc_ticks(p)).map(|(own, _)| own).sum() };
         Self {
             at: std::time::Instant::now(),
-            server: server_pids.iter().filter_map(|&p| proc_ticks(p)).map(|(own, _)| own).sum(),
+            server: own(server_pids),
             postgres: tree_ticks(postmaster),
-            loadgen: if loadgen_children { me.1 } else { me.0 },
+            loadgen: if loadgen.is_empty() { own(&[std::process::id()]) } else { own(loadgen) },
             machine: machine_ticks().0,
         }
     }
