@@ -1,4 +1,4 @@
-.PHONY: run test db-stop build clean bench bench-quick cluster cluster-stop
+.PHONY: run test db-stop build clean bench bench-quick cluster cluster-stop chaos
 
 ## run: build and start the server on :3000 (a private PostgreSQL under ./data/ unless DATABASE_URL is set)
 run:
@@ -7,6 +7,10 @@ run:
 ## test: the whole suite against a private PostgreSQL it starts itself
 test:
 	@scripts/test.sh
+
+## chaos: the fault suite (kill -9, PostgreSQL crash, network cut, pool exhaustion, slow clients; ~3 min) on its own PostgreSQL; see docs/RELIABILITY.md
+chaos:
+	@scripts/chaos.sh
 
 ## db-stop: stop the PostgreSQL that `make run` started
 db-stop:

@@ -13,6 +13,7 @@ command="bench/run.sh $*"
 [ -n "${PHONE_BENCH_COMMAND:-}" ] && command=$PHONE_BENCH_COMMAND
 port=${PHONE_BENCH_PG_PORT:-54332}
 dir=data/bench-pg
+mkdir -p data
 
 build_start=$(date +%s)
 echo "bench: building release binaries (phone, phone-bench)" >&2
@@ -20,17 +21,17 @@ cargo build --release --bins --quiet
 echo "bench: build took $(( $(date +%s) - build_start )) s" >&2
 
 # Durable mode (fsync and synchronous_commit on), unlike the tests' cluster.
-# The port lies in Linux's ephemeral range: a client socket elsewhere on the
-# machine may hold it for a moment. Retry a few times before giving up.
-for attempt in 1 2 3 4 5 6; do
-    if scripts/pg.sh start "$dir" "$port" 2>/dev/null; then break; fi
-    if [ "$attempt" = 6 ]; then
-        scripts/pg.sh start "$dir" "$port"   # once more, showing the error
-        exit 1
-    fi
-    echo "bench: PostgreSQL could not start on port $port (in use?); retrying" >&2
-    sleep 3
+# 54332 lies in Linux's ephemeral port range (32768-60999): on a busy
+# machine a client socket (even one in TIME-WAIT) may hold it. Retry, then
+# fall back to a port below that range.
+started=""
+for p in "$port" "$port" "$port" 25432 25432; do
+    if scripts/pg.sh start "$dir" "$p" 2>data/bench-pg.start.err; then started=$p; break; fi
+    echo "bench: PostgreSQL could not start on port $p (in use?); retrying" >&2
+    sleep 2
 done
+if [ -z "$started" ]; then cat data/bench-pg.start.err >&2; exit 1; fi
+port=$started
 trap 'scripts/pg.sh stop "$dir"' EXIT
 
 # Bounded: phone-bench keeps to its own time budget; this is the backstop.

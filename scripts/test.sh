@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 port=${PHONE_TEST_PG_PORT:-54330}
-dir=data/test-pg
+dir=${PHONE_TEST_PG_DIR:-data/test-pg}
 
 scripts/pg.sh stop "$dir"
 rm -rf "$dir"

@@ -192,3 +192,57 @@ async fn the_tool_surface_is_small_complete_and_annotated() {
     assert_eq!(hints("phone_unregister"), (false, true));
     app.stop().await;
 }
+
+#[tokio::test]
+async fn text_renderings_are_compact_not_a_second_copy_of_the_json() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let a = register(&c, "alice", "Writes reports", "research").await;
+    let b = register(&c, "bob", "Reads reports", "research").await;
+    for i in 0..3 {
+        ok(&c, "phone_send", a.with(json!({"to": "bob", "subject": format!("report {i}"), "body": "The quarterly numbers are in; see the summary below.\nRevenue up 4%."}))).await;
+    }
+    let result = call(&c, "phone_inbox", b.with(json!({}))).await;
+    let text_len = text(&result).len();
+    let json_len = serde_json::to_string(result.structured_content.as_ref().unwrap()).unwrap().len();
+    println!("inbox of 3 messages: text {text_len} bytes, structuredContent {json_len} bytes");
+    assert!(text_len < json_len, "text {text_len} vs json {json_len}");
+    let rendered = text(&result);
+    for needle in ["from alice (project research)", "Subject: report 0", "msg_", "Revenue up 4%."] {
+        assert!(rendered.contains(needle), "{needle} in {rendered}");
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn unsupported_protocol_versions_get_the_specified_errors() {
+    let app = spawn_app().await;
+    let http = reqwest::Client::new();
+    // A request whose MCP-Protocol-Version header names no supported version: 400.
+    let r = http
+        .post(app.mcp_url())
+        .header("content-type", "application/json")
+        .header("accept", ACCEPT)
+        .header("mcp-protocol-version", "1999-01-01")
+        .body(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    // initialize with an unknown version: the server answers with one it supports.
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "1999-01-01", "capabilities": {}, "clientInfo": {"name": "old", "version": "0"}}});
+    let r = http
+        .post(app.mcp_url())
+        .header("content-type", "application/json")
+        .header("accept", ACCEPT)
+        .body(init.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let body: Value = r.json().await.unwrap();
+    let version = body["result"]["protocolVersion"].as_str().unwrap().to_owned();
+    assert!(["2025-03-26", "2025-06-18", "2025-11-25"].contains(&version.as_str()), "{version}");
+    app.stop().await;
+}
