@@ -5,8 +5,8 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 
 use super::limits::{self, AUTH_WINDOW, REGISTER_WINDOW};
-use super::types::{self, AgentName, InvalidInput, Token, TokenHash};
-use super::{Caller, Phone, PhoneError};
+use super::types::{self, AgentName, InvalidInput, Token};
+use super::{Caller, Credentials, Phone, PhoneError};
 
 /// A directory entry as other agents see it. Never carries the token hash.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
@@ -194,7 +194,7 @@ pub struct Unregistered {
     pub name_reserved_until: String,
 }
 
-const AUTH_FAILURES: &str = "failed authentication attempts";
+pub(crate) const AUTH_FAILURES: &str = "failed authentication attempts";
 
 /// How often presence is written: at most once a minute per agent, so a
 /// busy agent costs no write per call.
@@ -316,14 +316,9 @@ impl Phone {
 
     /// Resolves a token to its agent. The comparison is on SHA-256 digests
     /// through a unique index, so the plaintext is never compared.
-    pub async fn authenticate(
-        &self,
-        token: &Token,
-        claimed: Option<&AgentName>,
-        client_address: &str,
-    ) -> Result<Caller, PhoneError> {
+    pub async fn authenticate(&self, creds: &Credentials) -> Result<Caller, PhoneError> {
+        let (hash, claimed, client_address) = (creds.token, creds.claimed.as_ref(), creds.client_address.as_str());
         self.check_block(&limits::auth_bucket_for_address(client_address), AUTH_FAILURES)?;
-        let hash: TokenHash = token.hash();
         let client = self.pool().get().await?;
         let stmt = client
             .prepare_cached(
@@ -445,7 +440,7 @@ mod tests {
 impl Phone {
     /// Counts a failed authentication against the client's address and the
     /// name it claimed; returns the rate-limit error once either is over.
-    async fn count_auth_failure(
+    pub(crate) async fn count_auth_failure(
         &self,
         client_address: &str,
         claimed: Option<&AgentName>,

@@ -10,7 +10,9 @@ use serde::Serialize;
 use super::agents::timestamp;
 use super::types::{self, AgentName, IdempotencyKey, InvalidInput, MessageId};
 use super::wakeup::CHANNEL;
-use super::{Caller, Phone, PhoneError};
+use super::agents::AUTH_FAILURES;
+use super::limits;
+use super::{CALLER_CTE, Caller, Credentials, Phone, PhoneError};
 
 #[derive(Debug, Clone)]
 pub struct SendRequest {
@@ -259,8 +261,10 @@ fn message(row: &tokio_postgres::Row, leased: bool) -> Message {
 const FALLBACK_RECHECK: Duration = Duration::from_secs(2);
 
 impl Phone {
-    pub async fn send(&self, me: &Caller, req: SendRequest) -> Result<Sent, PhoneError> {
+    pub async fn send(&self, creds: &Credentials, req: SendRequest) -> Result<Sent, PhoneError> {
+        self.check_block(&limits::auth_bucket_for_address(&creds.client_address), AUTH_FAILURES)?;
         let client = self.pool().get().await?;
+        let claimed = creds.claimed.as_ref().map(AgentName::as_str);
 
         // A reply goes to the other party of the original (by id, so a name
         // released and re-registered since cannot receive it) and joins its thread.
@@ -269,20 +273,27 @@ impl Phone {
             Some(original) => {
                 let stmt = client
                     .prepare_cached(
-                        "SELECT m.thread_id,
-                                CASE WHEN m.sender_id = $2 THEN m.recipient_id ELSE m.sender_id END AS other_id,
-                                CASE WHEN m.sender_id = $2 THEN r.name ELSE s.name END AS other
-                         FROM messages m
-                         JOIN agents s ON s.id = m.sender_id
-                         JOIN agents r ON r.id = m.recipient_id
-                         WHERE m.id = $1 AND (m.sender_id = $2 OR m.recipient_id = $2)",
+                        "WITH me AS (
+                             SELECT id FROM agents
+                             WHERE token_hash = $1 AND unregistered_at IS NULL AND ($2::text IS NULL OR name = $2))
+                         SELECT m.thread_id,
+                                CASE WHEN m.sender_id = me.id THEN m.recipient_id ELSE m.sender_id END AS other_id,
+                                CASE WHEN m.sender_id = me.id THEN r.name ELSE s.name END AS other
+                         FROM me
+                         LEFT JOIN (messages m
+                                    JOIN agents s ON s.id = m.sender_id
+                                    JOIN agents r ON r.id = m.recipient_id)
+                           ON m.id = $3 AND (m.sender_id = me.id OR m.recipient_id = me.id)",
                     )
                     .await?;
-                let row = client
-                    .query_opt(&stmt, &[&original.0, &me.id])
-                    .await?
-                    .ok_or(PhoneError::UnknownMessage(original))?;
-                let other = AgentName::parse("to", row.get("other")).map_err(|_| PhoneError::Internal)?;
+                let Some(row) = client.query_opt(&stmt, &[&creds.token.as_bytes(), &claimed, &original.0]).await? else {
+                    drop(client);
+                    return Err(self.authentication_error(creds).await);
+                };
+                let Some(other) = row.get::<_, Option<&str>>("other") else {
+                    return Err(PhoneError::UnknownMessage(original));
+                };
+                let other = AgentName::parse("to", other).map_err(|_| PhoneError::Internal)?;
                 if let Some(to) = &req.to
                     && to != &other
                 {
@@ -297,44 +308,61 @@ impl Phone {
 
         let key = req.idempotency_key.as_ref().map(IdempotencyKey::as_str);
         let reply_to = req.reply_to.map(|m| m.0);
-        // One statement resolves the recipient and inserts; a conflicting
-        // idempotency key inserts nothing (after waiting for a concurrent
-        // insert of the same key to commit). It notifies only when the
-        // recipient is waiting in a long poll somewhere: NOTIFY serialises
-        // commits, so sends nobody waits for must not pay for it.
+        // One statement (one round trip) verifies the caller, resolves the
+        // recipient and inserts; a conflicting idempotency key inserts
+        // nothing (after waiting for a concurrent insert of the same key to
+        // commit). It notifies only when the recipient is waiting in a long
+        // poll somewhere: NOTIFY serialises commits, so sends nobody waits
+        // for must not pay for it. It always returns one row.
         let stmt = client
             .prepare_cached(&format!(
-                "WITH recipient AS (
-                     SELECT id FROM agents WHERE $8::bigint IS NULL AND name = $2 AND unregistered_at IS NULL
+                "WITH {CALLER_CTE},
+                 recipient AS (
+                     SELECT id FROM agents WHERE $10::bigint IS NULL AND name = $3 AND unregistered_at IS NULL
                      UNION ALL
-                     SELECT id FROM agents WHERE id = $8 AND unregistered_at IS NULL
+                     SELECT id FROM agents WHERE id = $10 AND unregistered_at IS NULL
                  ),
                  next AS (SELECT nextval('messages_id_seq') AS id),
                  inserted AS (
                      INSERT INTO messages (id, sender_id, recipient_id, subject, body, reply_to, thread_id, idempotency_key)
-                     SELECT next.id, $1, recipient.id, $3, $4, $5, coalesce($6, next.id), $7
-                     FROM recipient, next
+                     SELECT next.id, me.id, recipient.id, $4, $5, $6, coalesce($7, next.id), $8
+                     FROM me, recipient, next
                      ON CONFLICT (sender_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
                      RETURNING id, thread_id, sent_at, recipient_id
                  )
-                 SELECT id, thread_id, sent_at,
+                 SELECT (SELECT id FROM me) AS me_id, inserted.id, inserted.thread_id, inserted.sent_at,
                         (SELECT count(*) FROM (
                             SELECT pg_notify('{CHANNEL}', inserted.recipient_id::text)
                             FROM inbox_waiters w
                             WHERE w.agent_id = inserted.recipient_id AND w.expires_at > now()
                             LIMIT 1) n) AS woke
-                 FROM inserted"
+                 FROM (SELECT $9::int AS one) one LEFT JOIN inserted ON true"
             ))
             .await?;
-        let inserted = client
-            .query_opt(
+        let row = client
+            .query_one(
                 &stmt,
-                &[&me.id, &to.as_str(), &req.subject, &req.body, &reply_to, &thread_id, &key, &to_id],
+                &[
+                    &creds.token.as_bytes(),
+                    &claimed,
+                    &to.as_str(),
+                    &req.subject,
+                    &req.body,
+                    &reply_to,
+                    &thread_id,
+                    &key,
+                    &1i32,
+                    &to_id,
+                ],
             )
             .await?;
-        if let Some(row) = inserted {
+        let Some(me_id) = row.get::<_, Option<i64>>("me_id") else {
+            drop(client);
+            return Err(self.authentication_error(creds).await);
+        };
+        if let Some(id) = row.get::<_, Option<i64>>("id") {
             return Ok(Sent {
-                id: MessageId(row.get("id")).to_string(),
+                id: MessageId(id).to_string(),
                 to: to.to_string(),
                 thread_id: MessageId(row.get("thread_id")).to_string(),
                 sent_at: timestamp(row.get("sent_at")),
@@ -350,7 +378,7 @@ impl Phone {
                      WHERE m.sender_id = $1 AND m.idempotency_key = $2",
                 )
                 .await?;
-            if let Some(row) = client.query_opt(&stmt, &[&me.id, &key]).await? {
+            if let Some(row) = client.query_opt(&stmt, &[&me_id, &key]).await? {
                 let same = row.get::<_, &str>("recipient") == to.as_str()
                     && row.get::<_, Option<String>>("subject") == req.subject
                     && row.get::<_, &str>("body") == req.body
@@ -370,39 +398,59 @@ impl Phone {
         Err(PhoneError::UnknownAgent(to))
     }
 
+    /// The precise error for credentials a one-round-trip statement did not
+    /// accept (and the failure counted for rate limits).
+    async fn authentication_error(&self, creds: &Credentials) -> PhoneError {
+        match self.authenticate(creds).await {
+            Err(e) => e,
+            // Valid now, but not a moment ago: rotated or unregistered meanwhile.
+            Ok(_) => PhoneError::Unauthenticated("the token changed during this call; retry"),
+        }
+    }
+
     /// Polls once; with `wait`, and nothing to return, waits for mail to
     /// arrive (a notification from any replica) or for the time to run out.
-    pub async fn inbox(&self, me: &Caller, req: InboxRequest) -> Result<Inbox, PhoneError> {
-        let first = self.poll(me, req).await?;
+    pub async fn inbox(&self, creds: &Credentials, req: InboxRequest) -> Result<Inbox, PhoneError> {
+        self.check_block(&limits::auth_bucket_for_address(&creds.client_address), AUTH_FAILURES)?;
+        let (me_id, first) = match self.poll(creds, req).await? {
+            Some(polled) => polled,
+            None => return Err(self.authentication_error(creds).await),
+        };
         if req.wait.is_zero() || !first.messages.is_empty() {
             return Ok(first);
         }
         let deadline = tokio::time::Instant::now() + req.wait;
-        let mut subscription = self.wakeup().subscribe(me.id);
-        let waiter_id = self.add_waiter(me, req.wait).await?;
+        let mut subscription = self.wakeup().subscribe(me_id);
+        let waiter_id = self.add_waiter(me_id, req.wait).await?;
         let outcome = async {
-            // Mail may have arrived before the waiter row was visible to senders.
-            let mut latest = self.poll(me, req).await?;
-            while latest.messages.is_empty() {
+            loop {
+                // The first round covers mail that arrived before the waiter
+                // row was visible to senders.
+                let latest = match self.poll(creds, req).await? {
+                    Some((_, polled)) => polled,
+                    // Revoked while waiting.
+                    None => return Err(self.authentication_error(creds).await),
+                };
+                if !latest.messages.is_empty() {
+                    return Ok(latest);
+                }
                 let recheck = if self.wakeup().is_listening() { req.wait } else { FALLBACK_RECHECK };
                 tokio::select! {
                     changed = subscription.changes.changed() => {
-                        if changed.is_err() { break; }
+                        if changed.is_err() { return Ok(latest); }
                     }
                     _ = tokio::time::sleep(recheck) => {}
-                    _ = tokio::time::sleep_until(deadline) => break,
-                    _ = self.shutdown.cancelled() => break,
+                    _ = tokio::time::sleep_until(deadline) => return Ok(latest),
+                    _ = self.shutdown.cancelled() => return Ok(latest),
                 }
-                latest = self.poll(me, req).await?;
             }
-            Ok::<_, PhoneError>(latest)
         }
         .await;
         self.remove_waiter(waiter_id).await;
         outcome
     }
 
-    async fn add_waiter(&self, me: &Caller, wait: Duration) -> Result<i64, PhoneError> {
+    async fn add_waiter(&self, me_id: i64, wait: Duration) -> Result<i64, PhoneError> {
         let client = self.pool().get().await?;
         let stmt = client
             .prepare_cached(
@@ -414,7 +462,7 @@ impl Phone {
             .await?;
         // Slack beyond the wait itself covers clock skew and slow statements.
         let seconds = wait.as_secs_f64() + 5.0;
-        Ok(client.query_one(&stmt, &[&me.id, &seconds]).await?.get(0))
+        Ok(client.query_one(&stmt, &[&me_id, &seconds]).await?.get(0))
     }
 
     async fn remove_waiter(&self, id: i64) {
@@ -431,30 +479,39 @@ impl Phone {
         }
     }
 
-    async fn poll(&self, me: &Caller, req: InboxRequest) -> Result<Inbox, PhoneError> {
+    /// One poll in one statement (one round trip), the caller verified
+    /// inside it. `None` when the credentials were not accepted; otherwise
+    /// the caller's id and what the poll returned.
+    async fn poll(&self, creds: &Credentials, req: InboxRequest) -> Result<Option<(i64, Inbox)>, PhoneError> {
         let client = self.pool().get().await?;
         let limit = i64::from(req.limit);
-        let available = "m.recipient_id = $1 AND m.read_at IS NULL
+        let available = "m.recipient_id = (SELECT id FROM me) AND m.read_at IS NULL
                          AND (m.leased_until IS NULL OR m.leased_until <= now())";
         let count_waiting = format!(
-            "SELECT count(*) AS n FROM (SELECT 1 FROM messages m WHERE {available} LIMIT $2 + $3) w"
+            "SELECT count(*) AS n FROM (SELECT 1 FROM messages m WHERE {available} LIMIT $3 + $4) w"
         );
         let sql = match req.mode {
             InboxMode::History => format!(
-                "SELECT {MESSAGE_COLUMNS},
-                        (SELECT count(*) FROM (SELECT 1 FROM messages m WHERE {available} LIMIT $3) w) AS waiting
-                 FROM messages m
-                 JOIN agents s ON s.id = m.sender_id
-                 JOIN agents r ON r.id = m.recipient_id
-                 WHERE m.recipient_id = $1
-                 ORDER BY m.id DESC
-                 LIMIT $2"
+                "WITH {CALLER_CTE}
+                 SELECT me.id AS me_id, x.*,
+                        (SELECT count(*) FROM (SELECT 1 FROM messages m WHERE {available} LIMIT $4) w) AS waiting
+                 FROM me
+                 LEFT JOIN LATERAL (
+                     SELECT {MESSAGE_COLUMNS}
+                     FROM messages m
+                     JOIN agents s ON s.id = m.sender_id
+                     JOIN agents r ON r.id = m.recipient_id
+                     WHERE m.recipient_id = me.id
+                     ORDER BY m.id DESC
+                     LIMIT $3) x ON true
+                 ORDER BY x.id DESC"
             ),
             InboxMode::Peek => format!(
-                "WITH picked AS (SELECT m.id FROM messages m WHERE {available} ORDER BY m.id LIMIT $2),
+                "WITH {CALLER_CTE},
+                      picked AS (SELECT m.id FROM messages m WHERE {available} ORDER BY m.id LIMIT $3),
                       waiting AS ({count_waiting})
-                 SELECT {MESSAGE_COLUMNS}, waiting.n AS waiting
-                 FROM waiting
+                 SELECT me.id AS me_id, {MESSAGE_COLUMNS}, waiting.n AS waiting
+                 FROM me CROSS JOIN waiting
                  LEFT JOIN (picked JOIN messages m ON m.id = picked.id
                             JOIN agents s ON s.id = m.sender_id
                             JOIN agents r ON r.id = m.recipient_id) ON true
@@ -468,12 +525,13 @@ impl Phone {
                 let set = if matches!(req.mode, InboxMode::Read) {
                     "read_at = now(), leased_until = NULL"
                 } else {
-                    "leased_until = now() + make_interval(secs => $4)"
+                    "leased_until = now() + make_interval(secs => $5)"
                 };
                 format!(
-                    "WITH picked AS (
+                    "WITH {CALLER_CTE},
+                     picked AS (
                          SELECT m.id FROM messages m WHERE {available}
-                         ORDER BY m.id LIMIT $2 FOR UPDATE SKIP LOCKED
+                         ORDER BY m.id LIMIT $3 FOR UPDATE SKIP LOCKED
                      ),
                      taken AS (
                          UPDATE messages m SET {set}, delivery_count = m.delivery_count + 1
@@ -481,8 +539,8 @@ impl Phone {
                          RETURNING m.*
                      ),
                      waiting AS ({count_waiting})
-                     SELECT {MESSAGE_COLUMNS}, waiting.n AS waiting
-                     FROM waiting
+                     SELECT me.id AS me_id, {MESSAGE_COLUMNS}, waiting.n AS waiting
+                     FROM me CROSS JOIN waiting
                      LEFT JOIN (taken m JOIN agents s ON s.id = m.sender_id
                                 JOIN agents r ON r.id = m.recipient_id) ON true
                      ORDER BY m.id"
@@ -490,18 +548,21 @@ impl Phone {
             }
         };
         let stmt = client.prepare_cached(&sql).await?;
+        let token = creds.token.as_bytes();
+        let claimed = creds.claimed.as_ref().map(AgentName::as_str);
         let rows = match req.mode {
             InboxMode::Lease { seconds } => {
                 let seconds = f64::from(seconds);
-                client.query(&stmt, &[&me.id, &limit, &UNREAD_COUNT_CAP, &seconds]).await?
+                client.query(&stmt, &[&token, &claimed, &limit, &UNREAD_COUNT_CAP, &seconds]).await?
             }
-            _ => client.query(&stmt, &[&me.id, &limit, &UNREAD_COUNT_CAP]).await?,
+            _ => client.query(&stmt, &[&token, &claimed, &limit, &UNREAD_COUNT_CAP]).await?,
         };
+        let Some(first) = rows.first() else {
+            return Ok(None);
+        };
+        let me_id: i64 = first.get("me_id");
+        let waiting: i64 = first.get("waiting");
         let leased = matches!(req.mode, InboxMode::Lease { .. });
-        let waiting: i64 = match rows.first() {
-            Some(row) => row.get("waiting"),
-            None => 0,
-        };
         let messages: Vec<Message> = rows
             .iter()
             .filter(|r| r.get::<_, Option<i64>>("id").is_some())
@@ -514,7 +575,7 @@ impl Phone {
             InboxMode::Peek | InboxMode::History => 0,
         };
         let unread_remaining = (waiting - taken).clamp(0, UNREAD_COUNT_CAP);
-        Ok(Inbox { messages, unread_remaining })
+        Ok(Some((me_id, Inbox { messages, unread_remaining })))
     }
 
     /// Acknowledges leased (or any received) messages: they will not come back.

@@ -124,6 +124,29 @@ impl Phone {
     }
 }
 
+/// What a request presents to prove who it is. Only the token's digest is
+/// kept. Hot paths (send, poll) verify it inside their own statement, so a
+/// call costs one round trip; the rest verify it first with `authenticate`.
+#[derive(Clone)]
+pub struct Credentials {
+    pub token: types::TokenHash,
+    /// The `name` argument, when given: it must match the token's agent.
+    pub claimed: Option<AgentName>,
+    /// The caller's network address, for rate limits.
+    pub client_address: String,
+}
+
+/// The clause every one-round-trip statement starts with: the caller, by
+/// token digest ($1) and optional claimed name ($2), and the presence write
+/// (at most once a minute; otherwise the UPDATE matches no row).
+pub(crate) const CALLER_CTE: &str = "me AS (
+        SELECT id FROM agents
+        WHERE token_hash = $1 AND unregistered_at IS NULL AND ($2::text IS NULL OR name = $2)),
+     touched AS (
+        UPDATE agents SET last_seen_at = now()
+        WHERE id = (SELECT id FROM me)
+          AND (last_seen_at IS NULL OR last_seen_at < now() - interval '60 seconds'))";
+
 /// An agent whose token was verified for this request.
 #[derive(Debug, Clone)]
 pub struct Caller {

@@ -18,7 +18,7 @@ use tracing::Instrument;
 
 use crate::domain::agents::{RegisterRequest, SearchRequest};
 use crate::domain::messages::{self, InboxRequest, SendRequest};
-use crate::domain::{AgentName, Caller, InvalidInput, MessageId, Phone, PhoneError, Token};
+use crate::domain::{AgentName, Caller, Credentials, InvalidInput, MessageId, Phone, PhoneError, Token};
 use args::Args;
 
 /// Where the caller's address comes from, for rate limits.
@@ -169,8 +169,9 @@ impl PhoneServer {
                     args.str("reply_to")?,
                     args.str("idempotency_key")?,
                 )?;
-                let me = self.authenticate(&args, context).await?;
-                let out = phone.send(&me, req).await?;
+                let creds = self.credentials(&args, context)?;
+                let out = phone.send(&creds, req).await?;
+                record_agent(&creds);
                 Ok(success(&out, render::sent(&out)))
             }
             tools::INBOX => {
@@ -183,8 +184,9 @@ impl PhoneServer {
                     args.int("lease_seconds", 1, messages::LEASE_SECONDS_MAX)?,
                     args.int("wait_seconds", 0, messages::WAIT_SECONDS_MAX)?,
                 )?;
-                let me = self.authenticate(&args, context).await?;
-                let out = phone.inbox(&me, req).await?;
+                let creds = self.credentials(&args, context)?;
+                let out = phone.inbox(&creds, req).await?;
+                record_agent(&creds);
                 Ok(success(&out, render::inbox(&out)))
             }
             tools::ACK => {
@@ -229,11 +231,25 @@ impl PhoneServer {
 
     /// Identity comes from the token only: from the `token` argument or an
     /// `Authorization: Bearer` header. A `name`, when given, must match it.
+    /// Checks the token first (one query), for the tools off the hot path.
     async fn authenticate(
         &self,
         args: &Args<'_>,
         context: &RequestContext<RoleServer>,
     ) -> Result<Caller, PhoneError> {
+        let creds = self.credentials(args, context)?;
+        let caller = self.0.phone.authenticate(&creds).await?;
+        tracing::Span::current().record("agent", caller.name.as_str());
+        Ok(caller)
+    }
+
+    /// The presented credentials, parsed but not yet verified: send and
+    /// inbox verify them inside their own statement.
+    fn credentials(
+        &self,
+        args: &Args<'_>,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<Credentials, PhoneError> {
         let claimed = args.str("name")?.map(|n| AgentName::parse("name", n)).transpose()?;
         let from_args = args.str("token")?.map(Token::parse).transpose()?;
         let from_header = bearer_token(context)?;
@@ -250,10 +266,7 @@ impl PhoneServer {
                 ));
             }
         };
-        let address = self.client_address(context);
-        let caller = self.0.phone.authenticate(&token, claimed.as_ref(), &address).await?;
-        tracing::Span::current().record("agent", caller.name.as_str());
-        Ok(caller)
+        Ok(Credentials { token: token.hash(), claimed, client_address: self.client_address(context) })
     }
 }
 
@@ -283,6 +296,13 @@ impl PhoneServer {
             .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
             .map(|info| info.0.ip().to_string())
             .unwrap_or_else(|| "unknown".into())
+    }
+}
+
+/// After a call verified `creds`, the claimed name (if any) is the agent's.
+fn record_agent(creds: &Credentials) {
+    if let Some(name) = &creds.claimed {
+        tracing::Span::current().record("agent", name.as_str());
     }
 }
 
