@@ -150,7 +150,8 @@ async fn check_jsonrpc(max_body: usize, req: Request, next: Next) -> Response {
 struct Envelope<'a> {
     #[serde(borrow)]
     jsonrpc: Option<&'a str>,
-    method: Option<serde::de::IgnoredAny>,
+    #[serde(borrow)]
+    method: Option<std::borrow::Cow<'a, str>>,
     result: Option<serde::de::IgnoredAny>,
     error: Option<serde::de::IgnoredAny>,
 }
@@ -176,6 +177,9 @@ fn validate_message(bytes: &[u8]) -> Result<(), Json<serde_json::Value>> {
         .map_err(|e| jsonrpc_error(-32600, &format!("Invalid Request: {e}")))?;
     if envelope.jsonrpc != Some("2.0") {
         return Err(jsonrpc_error(-32600, "Invalid Request: \"jsonrpc\" must be \"2.0\""));
+    }
+    if envelope.method.as_deref().is_some_and(|m| m.trim().is_empty()) {
+        return Err(jsonrpc_error(-32600, "Invalid Request: \"method\" must not be empty"));
     }
     if envelope.method.is_none() && envelope.result.is_none() && envelope.error.is_none() {
         return Err(jsonrpc_error(-32600, "Invalid Request: a request needs a \"method\""));

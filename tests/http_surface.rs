@@ -53,6 +53,10 @@ async fn malformed_requests_get_clear_errors_never_a_500() {
 
     expect_jsonrpc_error(post_raw(&app, json!({"hello": "world"}).to_string(), "application/json").await, 400, -32600).await;
     expect_jsonrpc_error(post_raw(&app, "42", "application/json").await, 400, -32600).await;
+    let empty_method = json!({"jsonrpc": "2.0", "id": 1, "method": ""});
+    expect_jsonrpc_error(post_raw(&app, empty_method.to_string(), "application/json").await, 400, -32600).await;
+    let numeric_method = json!({"jsonrpc": "2.0", "id": 1, "method": 5});
+    expect_jsonrpc_error(post_raw(&app, numeric_method.to_string(), "application/json").await, 400, -32600).await;
 
     // Batches left MCP in 2025-06-18.
     let batch = json!([tools_call("phone_search", json!({})), tools_call("phone_search", json!({}))]);
