@@ -1,4 +1,4 @@
-.PHONY: run test db-stop build clean bench bench-quick cluster cluster-stop chaos
+.PHONY: run test db-stop build clean bench bench-quick cluster cluster-stop chaos demo-data
 
 ## run: build and start the server on :3000 (a private PostgreSQL under ./data/ unless DATABASE_URL is set)
 run:
@@ -23,6 +23,10 @@ cluster:
 ## cluster-stop: stop exactly what `make cluster` started (nginx, replicas, and PostgreSQL if it started it)
 cluster-stop:
 	@scripts/cluster.sh stop
+
+## demo-data: a realistic message history (DEMO_MESSAGES=100000 over DEMO_DAYS=60) in database phone_demo, for the analytics views (docs/ANALYTICS.md)
+demo-data:
+	@scripts/demo-data.sh
 
 build:
 	cargo build --release

@@ -24,14 +24,29 @@ echo "bench: build took $(( $(date +%s) - build_start )) s" >&2
 # 54332 lies in Linux's ephemeral port range (32768-60999): on a busy
 # machine a client socket (even one in TIME-WAIT) may hold it. Retry, then
 # fall back to a port below that range.
-started=""
-for p in "$port" "$port" "$port" 25432 25432; do
-    if scripts/pg.sh start "$dir" "$p" 2>data/bench-pg.start.err; then started=$p; break; fi
-    echo "bench: PostgreSQL could not start on port $p (in use?); retrying" >&2
-    sleep 2
-done
-if [ -z "$started" ]; then cat data/bench-pg.start.err >&2; exit 1; fi
-port=$started
+start_pg() {
+    local p
+    for p in "$port" "$port" "$port" 25432 25432; do
+        if scripts/pg.sh start "$dir" "$p" 2>data/bench-pg.start.err; then port=$p; return 0; fi
+        echo "bench: PostgreSQL could not start on port $p (in use?); retrying" >&2
+        sleep 2
+    done
+    cat data/bench-pg.start.err >&2
+    return 1
+}
+start_pg
+# pg_stat_statements shows what the server asks of the database per call.
+# It must be preloaded: set it once for this private cluster and restart.
+preload=$(psql -h 127.0.0.1 -p "$port" -U postgres -d postgres -qtAc "SHOW shared_preload_libraries")
+case "$preload" in
+    *pg_stat_statements*) ;;
+    *)
+        psql -h 127.0.0.1 -p "$port" -U postgres -d postgres -qc "ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'"
+        scripts/pg.sh stop "$dir"
+        start_pg
+        ;;
+esac
+psql -h 127.0.0.1 -p "$port" -U postgres -d postgres -qc "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" 2>/dev/null || true
 trap 'scripts/pg.sh stop "$dir"' EXIT
 
 # Bounded: phone-bench keeps to its own time budget; this is the backstop.

@@ -65,10 +65,10 @@ cargo build --bin phone --tests --quiet
 started=$(date +%s)
 status=0
 if cargo nextest --version >/dev/null 2>&1; then
-    timeout "${PHONE_CHAOS_TIMEOUT:-600}" cargo nextest run --test chaos --run-ignored only \
+    timeout "${PHONE_CHAOS_TIMEOUT:-420}" cargo nextest run --test chaos --run-ignored only \
         --test-threads 1 --no-fail-fast --no-capture "$@" || status=$?
 else
-    timeout "${PHONE_CHAOS_TIMEOUT:-600}" cargo test --test chaos -- --ignored --test-threads 1 --nocapture "$@" || status=$?
+    timeout "${PHONE_CHAOS_TIMEOUT:-420}" cargo test --test chaos -- --ignored --test-threads 1 --nocapture "$@" || status=$?
 fi
 
 echo

@@ -32,6 +32,13 @@ pub struct Config {
     /// retryable error instead of queueing without bound.
     pub pool_timeout: Duration,
     pub request_timeout: Duration,
+    /// Server-side limit on one SQL statement, and on waiting for a lock;
+    /// kept below the request timeout so a stuck statement frees its
+    /// connection and the caller gets a retryable error.
+    pub statement_timeout: Duration,
+    pub max_connections: usize,
+    /// Header-read and keep-alive idle timeout (slow or idle clients).
+    pub idle_timeout: Duration,
     pub shutdown_grace: Duration,
     pub max_body_bytes: usize,
     /// Host names (optionally host:port) accepted in the `Host` header, on
@@ -65,8 +72,7 @@ impl Config {
         let database_url = get("DATABASE_URL")
             .filter(|v| !v.trim().is_empty())
             .ok_or(ConfigError::Missing("DATABASE_URL"))?;
-        if !(database_url.starts_with("postgres://") || database_url.starts_with("postgresql://"))
-        {
+        if !(database_url.starts_with("postgres://") || database_url.starts_with("postgresql://")) {
             return Err(ConfigError::Invalid {
                 name: "DATABASE_URL",
                 value: "<hidden>".into(),
@@ -102,14 +108,40 @@ impl Config {
             }
         };
 
+        let request_timeout =
+            Duration::from_millis(parse(&get, "PHONE_REQUEST_TIMEOUT_MS", 30_000)?);
         Ok(Self {
             database_url,
             bind_address: parse(&get, "PHONE_BIND", "0.0.0.0".parse().unwrap())?,
             port: parse(&get, "PORT", 3000)?,
-            pool_size: bounded(parse(&get, "PHONE_POOL_SIZE", 10)?, "PHONE_POOL_SIZE", 1, 1000)?,
+            pool_size: bounded(
+                parse(&get, "PHONE_POOL_SIZE", 10)?,
+                "PHONE_POOL_SIZE",
+                1,
+                1000,
+            )?,
             pool_timeout: Duration::from_millis(parse(&get, "PHONE_POOL_TIMEOUT_MS", 2000)?),
-            request_timeout: Duration::from_millis(parse(&get, "PHONE_REQUEST_TIMEOUT_MS", 30_000)?),
+            request_timeout,
             shutdown_grace: Duration::from_secs(parse(&get, "PHONE_SHUTDOWN_GRACE_SECS", 20)?),
+            statement_timeout: Duration::from_millis(parse(
+                &get,
+                "PHONE_STATEMENT_TIMEOUT_MS",
+                10_000,
+            )?)
+            .min(request_timeout.saturating_sub(Duration::from_millis(500)))
+            .max(Duration::from_millis(100)),
+            max_connections: bounded(
+                parse(&get, "PHONE_MAX_CONNECTIONS", 1024)?,
+                "PHONE_MAX_CONNECTIONS",
+                1,
+                1_000_000,
+            )?,
+            idle_timeout: Duration::from_secs(bounded(
+                parse(&get, "PHONE_IDLE_TIMEOUT_SECS", 65)?,
+                "PHONE_IDLE_TIMEOUT_SECS",
+                1,
+                3600,
+            )? as u64),
             max_body_bytes: bounded(
                 parse(&get, "PHONE_MAX_BODY_BYTES", 256 * 1024)?,
                 "PHONE_MAX_BODY_BYTES",
@@ -159,11 +191,14 @@ where
 {
     match get(name).filter(|v| !v.trim().is_empty()) {
         None => Ok(default),
-        Some(value) => value.trim().parse().map_err(|e: T::Err| ConfigError::Invalid {
-            name,
-            reason: e.to_string(),
-            value,
-        }),
+        Some(value) => value
+            .trim()
+            .parse()
+            .map_err(|e: T::Err| ConfigError::Invalid {
+                name,
+                reason: e.to_string(),
+                value,
+            }),
     }
 }
 
@@ -184,14 +219,19 @@ mod tests {
     use super::*;
 
     fn config(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
-        let pairs: Vec<(String, String)> =
-            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         Config::from_lookup(|key| pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone()))
     }
 
     #[test]
     fn database_url_is_required() {
-        assert!(matches!(config(&[]), Err(ConfigError::Missing("DATABASE_URL"))));
+        assert!(matches!(
+            config(&[]),
+            Err(ConfigError::Missing("DATABASE_URL"))
+        ));
     }
 
     #[test]
@@ -203,15 +243,24 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(c.port, 3000);
-        assert_eq!(c.allowed_hosts, ["a.example", "b.example", "phone.up.railway.app"]);
+        assert_eq!(
+            c.allowed_hosts,
+            ["a.example", "b.example", "phone.up.railway.app"]
+        );
     }
 
     #[test]
     fn bad_numbers_name_the_variable() {
         let err = config(&[("DATABASE_URL", "postgres://x@h/db"), ("PORT", "http")]).unwrap_err();
-        assert!(err.to_string().starts_with("PORT=\"http\" is invalid"), "{err}");
-        let err =
-            config(&[("DATABASE_URL", "postgres://x@h/db"), ("PHONE_POOL_SIZE", "0")]).unwrap_err();
+        assert!(
+            err.to_string().starts_with("PORT=\"http\" is invalid"),
+            "{err}"
+        );
+        let err = config(&[
+            ("DATABASE_URL", "postgres://x@h/db"),
+            ("PHONE_POOL_SIZE", "0"),
+        ])
+        .unwrap_err();
         assert!(err.to_string().contains("between 1 and 1000"), "{err}");
     }
 }

@@ -52,13 +52,21 @@ pub fn router(config: &Config, phone: Phone) -> Router {
     crate::metrics::watch(&phone);
     Router::new()
         .nest_service("/mcp", mcp)
-        .layer(middleware::from_fn(move |req, next| check_jsonrpc(max_body, req, next)))
+        .layer(middleware::from_fn(move |req, next| {
+            check_jsonrpc(max_body, req, next)
+        }))
         .route("/health", get(health))
         // Claude Code probes OAuth discovery; a plain 404 tells it no auth flow exists.
-        .route("/.well-known/{*rest}", any(|| async { StatusCode::NOT_FOUND }))
+        .route(
+            "/.well-known/{*rest}",
+            any(|| async { StatusCode::NOT_FOUND }),
+        )
         .with_state(phone)
         .layer(RequestBodyLimitLayer::new(config.max_body_bytes))
-        .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, config.request_timeout))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            config.request_timeout,
+        ))
         .layer(SetResponseHeaderLayer::overriding(
             header::X_CONTENT_TYPE_OPTIONS,
             HeaderValue::from_static("nosniff"),
@@ -80,8 +88,9 @@ pub fn router(config: &Config, phone: Phone) -> Router {
 /// port, and each configured public host over HTTPS) plus configured ones.
 /// Any other Origin gets 403; requests without an Origin are not affected.
 fn allowed_origins(config: &Config) -> Vec<String> {
-    let mut origins: Vec<String> =
-        ["http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*"].map(String::from).into();
+    let mut origins: Vec<String> = ["http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*"]
+        .map(String::from)
+        .into();
     for host in &config.allowed_hosts {
         if host.contains(':') {
             origins.push(format!("https://{host}"));
@@ -96,16 +105,22 @@ fn allowed_origins(config: &Config) -> Vec<String> {
 /// 200 when Postgres answers within a second, 503 otherwise.
 async fn health(State(phone): State<Phone>) -> impl IntoResponse {
     match tokio::time::timeout(Duration::from_secs(1), store::ping(phone.pool())).await {
-        Ok(Ok(())) => (StatusCode::OK, Json(json!({"status": "ok", "database": "ok"}))),
+        Ok(Ok(())) => (
+            StatusCode::OK,
+            Json(json!({"status": "ok", "database": "ok"})),
+        ),
         outcome => {
-            let reason = match outcome {
-                Ok(Err(e)) => e.to_string(),
-                _ => "timed out".into(),
+            // An exhausted pool is a busy replica, not a database outage:
+            // both take the replica out of rotation, but say which it is.
+            let (reason, database) = match outcome {
+                Ok(Err(store::StoreError::Unavailable(reason))) => (reason, "busy"),
+                Ok(Err(e)) => (e.to_string(), "unreachable"),
+                Ok(Ok(())) | Err(_) => ("timed out".into(), "unreachable"),
             };
             tracing::warn!(%reason, "health check failed");
             (
                 StatusCode::SERVICE_UNAVAILABLE,
-                Json(json!({"status": "unavailable", "database": "unreachable"})),
+                Json(json!({"status": "unavailable", "database": database, "reason": reason})),
             )
         }
     }
@@ -121,11 +136,18 @@ async fn check_jsonrpc(max_body: usize, req: Request, next: Next) -> Response {
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("application/json"));
+        .is_some_and(|v| {
+            v.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("application/json")
+        });
     if !is_json {
         return (
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            jsonrpc_error(-32600, "Invalid Request: Content-Type must be application/json"),
+            jsonrpc_error(
+                -32600,
+                "Invalid Request: Content-Type must be application/json",
+            ),
         )
             .into_response();
     }
@@ -135,7 +157,10 @@ async fn check_jsonrpc(max_body: usize, req: Request, next: Next) -> Response {
         Err(_) => {
             return (
                 StatusCode::PAYLOAD_TOO_LARGE,
-                jsonrpc_error(-32600, &format!("Invalid Request: body is larger than {max_body} bytes")),
+                jsonrpc_error(
+                    -32600,
+                    &format!("Invalid Request: body is larger than {max_body} bytes"),
+                ),
             )
                 .into_response();
         }
@@ -143,8 +168,39 @@ async fn check_jsonrpc(max_body: usize, req: Request, next: Next) -> Response {
     if let Err(problem) = validate_message(&bytes) {
         return (StatusCode::BAD_REQUEST, problem).into_response();
     }
-    next.run(Request::from_parts(parts, Body::from(bytes))).await
+    let response = next
+        .run(Request::from_parts(parts, Body::from(bytes)))
+        .await;
+    // The Content-Type was right, so a 415 from rmcp means it could not
+    // decode the message: that is the client's malformed request (400).
+    if response.status() == StatusCode::UNSUPPORTED_MEDIA_TYPE {
+        let detail = to_bytes(response.into_body(), 4096)
+            .await
+            .unwrap_or_default();
+        let detail = String::from_utf8_lossy(&detail);
+        return (
+            StatusCode::BAD_REQUEST,
+            jsonrpc_error(
+                -32600,
+                &format!("Invalid Request: {}", truncate(detail.trim(), 200)),
+            ),
+        )
+            .into_response();
+    }
+    response
 }
+
+fn truncate(text: &str, max_chars: usize) -> String {
+    if text.chars().count() <= max_chars {
+        text.to_owned()
+    } else {
+        format!("{}…", text.chars().take(max_chars).collect::<String>())
+    }
+}
+
+/// No MCP method name is anywhere near this long; longer ones are refused
+/// before they are echoed into errors and logs.
+const MAX_METHOD_CHARS: usize = 100;
 
 #[derive(serde::Deserialize)]
 struct Envelope<'a> {
@@ -157,6 +213,13 @@ struct Envelope<'a> {
 }
 
 fn validate_message(bytes: &[u8]) -> Result<(), Json<serde_json::Value>> {
+    // Skipping over strings does not check their UTF-8; this does.
+    if let Err(e) = std::str::from_utf8(bytes) {
+        return Err(jsonrpc_error(
+            -32700,
+            &format!("Parse error: invalid UTF-8 ({e})"),
+        ));
+    }
     if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
         return Err(jsonrpc_error(-32700, &format!("Parse error: {e}")));
     }
@@ -169,20 +232,51 @@ fn validate_message(bytes: &[u8]) -> Result<(), Json<serde_json::Value>> {
     match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
         Some(b'{') => {}
         Some(b'[') => {
-            return Err(jsonrpc_error(-32600, "Invalid Request: JSON-RPC batches are not supported; send one message per request"));
+            return Err(jsonrpc_error(
+                -32600,
+                "Invalid Request: JSON-RPC batches are not supported; send one message per request",
+            ));
         }
-        _ => return Err(jsonrpc_error(-32600, "Invalid Request: expected a JSON-RPC object")),
+        _ => {
+            return Err(jsonrpc_error(
+                -32600,
+                "Invalid Request: expected a JSON-RPC object",
+            ));
+        }
     }
     let envelope: Envelope<'_> = serde_json::from_slice(bytes)
         .map_err(|e| jsonrpc_error(-32600, &format!("Invalid Request: {e}")))?;
     if envelope.jsonrpc != Some("2.0") {
-        return Err(jsonrpc_error(-32600, "Invalid Request: \"jsonrpc\" must be \"2.0\""));
+        return Err(jsonrpc_error(
+            -32600,
+            "Invalid Request: \"jsonrpc\" must be \"2.0\"",
+        ));
     }
-    if envelope.method.as_deref().is_some_and(|m| m.trim().is_empty()) {
-        return Err(jsonrpc_error(-32600, "Invalid Request: \"method\" must not be empty"));
+    if envelope
+        .method
+        .as_deref()
+        .is_some_and(|m| m.trim().is_empty())
+    {
+        return Err(jsonrpc_error(
+            -32600,
+            "Invalid Request: \"method\" must not be empty",
+        ));
+    }
+    if envelope
+        .method
+        .as_deref()
+        .is_some_and(|m| m.chars().count() > MAX_METHOD_CHARS)
+    {
+        return Err(jsonrpc_error(
+            -32600,
+            &format!("Invalid Request: \"method\" is longer than {MAX_METHOD_CHARS} characters"),
+        ));
     }
     if envelope.method.is_none() && envelope.result.is_none() && envelope.error.is_none() {
-        return Err(jsonrpc_error(-32600, "Invalid Request: a request needs a \"method\""));
+        return Err(jsonrpc_error(
+            -32600,
+            "Invalid Request: a request needs a \"method\"",
+        ));
     }
     Ok(())
 }

@@ -5,6 +5,7 @@ pub mod domain;
 pub mod http;
 pub mod mcp;
 pub mod metrics;
+pub mod server;
 pub mod startup;
 pub mod store;
 pub mod telemetry;

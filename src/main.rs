@@ -11,15 +11,16 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let telemetry = match telemetry::TelemetryConfig::from_env(&config.log_filter, config.log_format)
-        .and_then(telemetry::init_with)
-    {
-        Ok(telemetry) => telemetry,
-        Err(e) => {
-            eprintln!("phone: configuration error: {e}");
-            return ExitCode::from(2);
-        }
-    };
+    let telemetry =
+        match telemetry::TelemetryConfig::from_env(&config.log_filter, config.log_format)
+            .and_then(telemetry::init_with)
+        {
+            Ok(telemetry) => telemetry,
+            Err(e) => {
+                eprintln!("phone: configuration error: {e}");
+                return ExitCode::from(2);
+            }
+        };
     let app = match Application::build(&config).await {
         Ok(app) => app,
         Err(e) => {

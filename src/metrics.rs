@@ -34,8 +34,9 @@ use crate::mcp::tools;
 const POOL_NAME: &str = "phone";
 
 /// Seconds. Sub-millisecond statements to 25-second long polls.
-const DURATION_BOUNDARIES: [f64; 15] =
-    [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+const DURATION_BOUNDARIES: [f64; 15] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
 
 struct Instruments {
     http_duration: Histogram<f64>,
@@ -82,7 +83,10 @@ pub(crate) fn install(meter: &Meter) {
     };
     let pool_attr = || KeyValue::new("db.client.connection.pool.name", POOL_NAME);
     let instruments = Instruments {
-        http_duration: histogram("http.server.request.duration", "Duration of HTTP server requests"),
+        http_duration: histogram(
+            "http.server.request.duration",
+            "Duration of HTTP server requests",
+        ),
         tool_calls: meter
             .u64_counter("phone.tool.calls")
             .with_unit("{call}")
@@ -97,9 +101,14 @@ pub(crate) fn install(meter: &Meter) {
         messages_read: meter
             .u64_counter("phone.messages.read")
             .with_unit("{message}")
-            .with_description("Messages handed to their recipient by phone_inbox (mode read or lease)")
+            .with_description(
+                "Messages handed to their recipient by phone_inbox (mode read or lease)",
+            )
             .build(),
-        db_duration: histogram("db.client.operation.duration", "Duration of database statements"),
+        db_duration: histogram(
+            "db.client.operation.duration",
+            "Duration of database statements",
+        ),
         pool_wait: histogram(
             "db.client.connection.wait_time",
             "Time a request waited for a pooled database connection",
@@ -114,8 +123,20 @@ pub(crate) fn install(meter: &Meter) {
                         let used = s.size.saturating_sub(s.available);
                         (s.available as i64, used as i64)
                     });
-                    observer.observe(idle, &[pool_attr(), KeyValue::new("db.client.connection.state", "idle")]);
-                    observer.observe(used, &[pool_attr(), KeyValue::new("db.client.connection.state", "used")]);
+                    observer.observe(
+                        idle,
+                        &[
+                            pool_attr(),
+                            KeyValue::new("db.client.connection.state", "idle"),
+                        ],
+                    );
+                    observer.observe(
+                        used,
+                        &[
+                            pool_attr(),
+                            KeyValue::new("db.client.connection.state", "used"),
+                        ],
+                    );
                 })
                 .build(),
             meter
@@ -158,7 +179,10 @@ type LiveSource = (Option<deadpool_postgres::Pool>, Option<Arc<Wakeup>>);
 fn live_sources() -> Vec<LiveSource> {
     let mut sources = SOURCES.lock().expect("metrics sources lock");
     sources.retain(|s| s.pool.upgrade().is_some() || s.wakeup.strong_count() > 0);
-    sources.iter().map(|s| (s.pool.upgrade(), s.wakeup.upgrade())).collect()
+    sources
+        .iter()
+        .map(|s| (s.pool.upgrade(), s.wakeup.upgrade()))
+        .collect()
 }
 
 fn pool_totals(f: impl Fn(deadpool_postgres::Status) -> (i64, i64)) -> (i64, i64) {
@@ -223,7 +247,10 @@ pub fn tool_call(
     // before), so the names are a small, fixed set.
     let tool = request.name.as_ref();
     let outcome = if error_kind.is_some() { "error" } else { "ok" };
-    let mut attrs = vec![KeyValue::new("tool", tool.to_owned()), KeyValue::new("outcome", outcome)];
+    let mut attrs = vec![
+        KeyValue::new("tool", tool.to_owned()),
+        KeyValue::new("outcome", outcome),
+    ];
     m.tool_duration.record(elapsed.as_secs_f64(), &attrs);
     if let Some(kind) = error_kind {
         attrs.push(KeyValue::new("error.kind", kind));
@@ -249,16 +276,25 @@ pub fn tool_call(
                 Some("lease") => "lease",
                 _ => "read",
             };
-            let n = out.and_then(|o| o.get("messages")).and_then(Value::as_array).map_or(0, Vec::len);
+            let n = out
+                .and_then(|o| o.get("messages"))
+                .and_then(Value::as_array)
+                .map_or(0, Vec::len);
             if n > 0 {
-                m.messages_read.add(n as u64, &[KeyValue::new("mode", mode)]);
+                m.messages_read
+                    .add(n as u64, &[KeyValue::new("mode", mode)]);
             }
         }
         _ => {}
     }
 }
 
-pub fn db_operation(operation: &'static str, collection: Option<&str>, ok: bool, elapsed: Duration) {
+pub fn db_operation(
+    operation: &'static str,
+    collection: Option<&str>,
+    ok: bool,
+    elapsed: Duration,
+) {
     let Some(m) = INSTRUMENTS.get() else { return };
     let mut attrs = vec![
         KeyValue::new("db.system.name", "postgresql"),

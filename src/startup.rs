@@ -11,7 +11,9 @@ use std::sync::Arc;
 use crate::{
     config::Config,
     domain::{Phone, limits::Limits, wakeup::Wakeup},
-    http, store,
+    http,
+    server::{self, ConnectionLimits},
+    store,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -19,7 +21,10 @@ pub enum StartupError {
     #[error(transparent)]
     Store(#[from] store::StoreError),
     #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 pub struct Application {
@@ -29,6 +34,7 @@ pub struct Application {
     grace: Duration,
     /// Ends long polls and the notification listener at shutdown.
     stopping: CancellationToken,
+    connection_limits: ConnectionLimits,
 }
 
 impl Application {
@@ -37,46 +43,59 @@ impl Application {
         let pool = store::connect_pool(config)?;
         let stopping = CancellationToken::new();
         let wakeup = Arc::new(Wakeup::default());
-        tokio::spawn(wakeup.clone().listen(config.database_url.clone(), stopping.clone()));
+        tokio::spawn(
+            wakeup
+                .clone()
+                .listen(config.database_url.clone(), stopping.clone()),
+        );
         let limits = Limits::new(config.auth_failure_limit, config.register_limit);
         let phone = Phone::new(pool, wakeup, stopping.clone(), limits);
         let addr = SocketAddr::new(config.bind_address, config.port);
-        let listener =
-            TcpListener::bind(addr).await.map_err(|source| StartupError::Bind { addr, source })?;
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartupError::Bind { addr, source })?;
         Ok(Self {
             router: http::router(config, phone.clone()),
             listener,
             phone,
             grace: config.shutdown_grace,
             stopping,
+            connection_limits: ConnectionLimits {
+                max_connections: config.max_connections,
+                idle_timeout: config.idle_timeout,
+            },
         })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
-        self.listener.local_addr().expect("bound listener has an address")
+        self.listener
+            .local_addr()
+            .expect("bound listener has an address")
     }
 
     /// Serves until `shutdown` resolves, then stops accepting, gives requests
     /// in flight up to the grace period, and closes the pool.
-    pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+    pub async fn run_until(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
         let stop = CancellationToken::new();
-        let serve = axum::serve(
+        let serving = tokio::spawn(server::serve(
             self.listener,
-            self.router.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(stop.clone().cancelled_owned());
-        let serve = tokio::spawn(serve.into_future());
+            self.router,
+            self.connection_limits,
+            stop.clone(),
+            self.grace,
+        ));
         shutdown.await;
-        tracing::info!(grace_secs = self.grace.as_secs(), "shutting down: finishing requests in flight");
+        tracing::info!(
+            grace_secs = self.grace.as_secs(),
+            "shutting down: finishing requests in flight"
+        );
         stop.cancel();
+        // Long polls return at once instead of holding the drain.
         self.stopping.cancel();
-        let outcome = match tokio::time::timeout(self.grace, serve).await {
-            Ok(joined) => joined.unwrap_or_else(|e| Err(std::io::Error::other(e))),
-            Err(_) => {
-                tracing::warn!("grace period over; dropping remaining connections");
-                Ok(())
-            }
-        };
+        let outcome = serving.await.map_err(std::io::Error::other);
         self.phone.pool().close();
         outcome
     }

@@ -39,10 +39,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::{
     EnvFilter, Layer, Registry,
     filter::{FilterExt, filter_fn},
-    fmt::{
-        self as tfmt, FmtContext, FormatEvent, FormatFields,
-        format::Writer,
-    },
+    fmt::{self as tfmt, FmtContext, FormatEvent, FormatFields, format::Writer},
     prelude::*,
     registry::LookupSpan,
 };
@@ -95,7 +92,11 @@ const PROTOCOL_VARS: [&str; 3] = [
 impl TelemetryConfig {
     /// Logs only, no export.
     pub fn logs_only(log_filter: &str, log_format: LogFormat) -> Self {
-        Self { log_filter: log_filter.to_owned(), log_format, otlp: None }
+        Self {
+            log_filter: log_filter.to_owned(),
+            log_format,
+            otlp: None,
+        }
     }
 
     /// The log settings (from `Config`) plus OTLP export as the standard
@@ -115,7 +116,11 @@ impl TelemetryConfig {
         get: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, TelemetryError> {
         let mut config = Self::logs_only(log_filter, log_format);
-        let set = |key: &str| get(key).map(|v| v.trim().to_owned()).filter(|v| !v.is_empty());
+        let set = |key: &str| {
+            get(key)
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+        };
         if set("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
             return Ok(config);
         }
@@ -146,7 +151,12 @@ impl TelemetryConfig {
         let metrics = exporter("OTEL_METRICS_EXPORTER")?
             && (any_endpoint || set("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT").is_some());
         if traces || metrics {
-            config.otlp = Some(OtlpConfig { endpoint: None, traces, metrics, export_interval: None });
+            config.otlp = Some(OtlpConfig {
+                endpoint: None,
+                traces,
+                metrics,
+                export_interval: None,
+            });
         }
         Ok(config)
     }
@@ -219,8 +229,13 @@ pub fn init_with(config: TelemetryConfig) -> Result<Telemetry, TelemetryError> {
 fn install(config: TelemetryConfig) -> Result<Telemetry, TelemetryError> {
     let otlp = config.otlp.clone().unwrap_or_default();
     let resource = config.otlp.is_some().then(resource);
-    let endpoint = |path: &str| otlp.endpoint.as_ref().map(|base| format!("{}{path}", base.trim_end_matches('/')));
-    let exporter_error = |e: opentelemetry_otlp::ExporterBuildError| TelemetryError::Exporter(e.to_string());
+    let endpoint = |path: &str| {
+        otlp.endpoint
+            .as_ref()
+            .map(|base| format!("{}{path}", base.trim_end_matches('/')))
+    };
+    let exporter_error =
+        |e: opentelemetry_otlp::ExporterBuildError| TelemetryError::Exporter(e.to_string());
 
     let tracer_provider = match (&resource, otlp.traces) {
         (Some(resource), true) => {
@@ -228,10 +243,14 @@ fn install(config: TelemetryConfig) -> Result<Telemetry, TelemetryError> {
             if let Some(url) = endpoint("/v1/traces") {
                 exporter = exporter.with_endpoint(url);
             }
-            let mut processor = BatchSpanProcessor::builder(exporter.build().map_err(exporter_error)?);
+            let mut processor =
+                BatchSpanProcessor::builder(exporter.build().map_err(exporter_error)?);
             if let Some(delay) = otlp.export_interval {
-                processor = processor
-                    .with_batch_config(BatchConfigBuilder::default().with_scheduled_delay(delay).build());
+                processor = processor.with_batch_config(
+                    BatchConfigBuilder::default()
+                        .with_scheduled_delay(delay)
+                        .build(),
+                );
             }
             Some(
                 SdkTracerProvider::builder()
@@ -252,13 +271,19 @@ fn install(config: TelemetryConfig) -> Result<Telemetry, TelemetryError> {
             if let Some(interval) = otlp.export_interval {
                 reader = reader.with_interval(interval);
             }
-            Some(SdkMeterProvider::builder().with_reader(reader.build()).with_resource(resource.clone()).build())
+            Some(
+                SdkMeterProvider::builder()
+                    .with_reader(reader.build())
+                    .with_resource(resource.clone())
+                    .build(),
+            )
         }
         _ => None,
     };
 
     let mut layers: Vec<Box<dyn Layer<Registry> + Send + Sync>> = Vec::new();
-    let log_filter = EnvFilter::try_new(&config.log_filter).unwrap_or_else(|_| EnvFilter::new("info"));
+    let log_filter =
+        EnvFilter::try_new(&config.log_filter).unwrap_or_else(|_| EnvFilter::new("info"));
     // Request spans are always logged, whatever the level, so that every
     // line inside a request carries its trace id.
     let log_filter = log_filter.or(filter_fn(|m| m.is_span() && m.target() == REQUEST_TARGET));
@@ -298,7 +323,11 @@ fn install(config: TelemetryConfig) -> Result<Telemetry, TelemetryError> {
                 .boxed(),
         );
     }
-    if tracing_subscriber::registry().with(layers).try_init().is_err() {
+    if tracing_subscriber::registry()
+        .with(layers)
+        .try_init()
+        .is_err()
+    {
         // Someone else installed a subscriber: export nothing rather than
         // spans that no layer produces.
         for p in tracer_provider.into_iter() {
@@ -311,7 +340,9 @@ fn install(config: TelemetryConfig) -> Result<Telemetry, TelemetryError> {
     }
     TRACES_EXPORTED.store(tracer_provider.is_some(), Ordering::SeqCst);
     if let Some(provider) = &meter_provider {
-        metrics::install(&opentelemetry::metrics::MeterProvider::meter(provider, "phone"));
+        metrics::install(&opentelemetry::metrics::MeterProvider::meter(
+            provider, "phone",
+        ));
     }
     if config.otlp.is_some() {
         tracing::info!(
@@ -320,7 +351,10 @@ fn install(config: TelemetryConfig) -> Result<Telemetry, TelemetryError> {
             "exporting telemetry over OTLP/HTTP"
         );
     }
-    Ok(Telemetry { tracer_provider, meter_provider })
+    Ok(Telemetry {
+        tracer_provider,
+        meter_provider,
+    })
 }
 
 /// `service.name` defaults to `phone` (unless `OTEL_SERVICE_NAME` or
@@ -336,7 +370,10 @@ fn resource() -> Resource {
     if !named {
         builder = builder.with_service_name("phone");
     }
-    if detected.get(&Key::from_static_str("service.instance.id")).is_none() {
+    if detected
+        .get(&Key::from_static_str("service.instance.id"))
+        .is_none()
+    {
         builder = builder.with_attribute(KeyValue::new(
             "service.instance.id",
             format!("{:032x}", rand::random::<u128>()),
@@ -429,7 +466,12 @@ where
     N: for<'a> FormatFields<'a> + 'static,
     F: FormatEvent<S, N>,
 {
-    fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut writer: Writer<'_>, event: &Event<'_>) -> fmt::Result {
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
         let trace_id = ctx.event_scope().and_then(|mut scope| {
             scope.find_map(|span| span.extensions().get::<RequestTraceId>().map(|t| t.0))
         });
@@ -457,7 +499,11 @@ impl<'w> FormatFields<'w> for PlainFields {
         mut writer: Writer<'w>,
         fields: R,
     ) -> fmt::Result {
-        let mut visitor = PlainVisitor { writer: &mut writer, first: true, result: Ok(()) };
+        let mut visitor = PlainVisitor {
+            writer: &mut writer,
+            first: true,
+            result: Ok(()),
+        };
         fields.record(&mut visitor);
         visitor.result
     }
@@ -500,36 +546,66 @@ mod tests {
 
     fn config(pairs: &[(&str, &str)]) -> Result<TelemetryConfig, TelemetryError> {
         TelemetryConfig::from_lookup("info", LogFormat::Text, |key| {
-            pairs.iter().find(|(k, _)| *k == key).map(|(_, v)| v.to_string())
+            pairs
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, v)| v.to_string())
         })
     }
 
     #[test]
     fn export_is_off_without_an_endpoint() {
         assert!(config(&[]).unwrap().otlp.is_none());
-        assert!(config(&[("OTEL_SERVICE_NAME", "x"), ("OTEL_EXPORTER_OTLP_ENDPOINT", " ")]).unwrap().otlp.is_none());
-        let disabled = config(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"), ("OTEL_SDK_DISABLED", "true")]);
+        assert!(
+            config(&[
+                ("OTEL_SERVICE_NAME", "x"),
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", " ")
+            ])
+            .unwrap()
+            .otlp
+            .is_none()
+        );
+        let disabled = config(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+            ("OTEL_SDK_DISABLED", "true"),
+        ]);
         assert!(disabled.unwrap().otlp.is_none());
     }
 
     #[test]
     fn endpoints_and_exporters_choose_signals() {
-        let all = config(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318")]).unwrap().otlp.unwrap();
+        let all = config(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318")])
+            .unwrap()
+            .otlp
+            .unwrap();
         assert!(all.traces && all.metrics && all.endpoint.is_none());
-        let traces = config(&[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://c:4318/v1/traces")]).unwrap();
+        let traces = config(&[(
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "http://c:4318/v1/traces",
+        )])
+        .unwrap();
         let traces = traces.otlp.unwrap();
         assert!(traces.traces && !traces.metrics);
-        let no_metrics =
-            config(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"), ("OTEL_METRICS_EXPORTER", "none")]);
+        let no_metrics = config(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+            ("OTEL_METRICS_EXPORTER", "none"),
+        ]);
         let no_metrics = no_metrics.unwrap().otlp.unwrap();
         assert!(no_metrics.traces && !no_metrics.metrics);
     }
 
     #[test]
     fn unsupported_protocols_name_the_variable() {
-        let err = config(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"), ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")])
-            .unwrap_err();
-        assert!(err.to_string().starts_with("OTEL_EXPORTER_OTLP_PROTOCOL=\"grpc\""), "{err}");
+        let err = config(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ])
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("OTEL_EXPORTER_OTLP_PROTOCOL=\"grpc\""),
+            "{err}"
+        );
         assert!(config(&[("OTEL_TRACES_EXPORTER", "zipkin")]).is_err());
     }
 }

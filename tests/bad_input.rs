@@ -16,67 +16,227 @@ async fn bad_arguments_are_tool_errors_that_say_what_to_fix() {
 
     let cases: Vec<(&str, serde_json::Value, &str)> = vec![
         // register
-        ("phone_register", json!({"description": "d", "project": "p"}), "`name` is required"),
-        ("phone_register", json!({"name": "", "description": "d", "project": "p"}), "`name` must not be empty"),
-        ("phone_register", json!({"name": "a b", "description": "d", "project": "p"}), "may only contain ASCII letters"),
-        ("phone_register", json!({"name": "émile", "description": "d", "project": "p"}), "'é' (U+00E9)"),
-        ("phone_register", json!({"name": "аlice", "description": "d", "project": "p"}), "U+0430"),
-        ("phone_register", json!({"name": "x".repeat(65), "description": "d", "project": "p"}), "the limit is 64"),
-        ("phone_register", json!({"name": 42, "description": "d", "project": "p"}), "`name` must be a string; got a number"),
-        ("phone_register", json!({"name": "n", "description": "", "project": "p"}), "`description` must not be empty"),
-        ("phone_register", json!({"name": "n", "description": "x".repeat(1001), "project": "p"}), "the limit is 1000"),
-        ("phone_register", json!({"name": "n", "description": "d\u{0}", "project": "p"}), "NUL"),
-        ("phone_register", json!({"name": "n", "description": "d", "project": "a\u{7}b"}), "U+0007"),
-        ("phone_register", json!({"name": "n", "description": "d", "project": "x".repeat(101)}), "the limit is 100"),
-        ("phone_register", json!({"name": "n", "description": "d", "project": "p", "token": "nope"}), "`token` is malformed"),
-        ("phone_register", json!({"name": "n", "description": "d", "project": "p", "colour": "red"}), "unknown key 'colour'"),
+        (
+            "phone_register",
+            json!({"description": "d", "project": "p"}),
+            "`name` is required",
+        ),
+        (
+            "phone_register",
+            json!({"name": "", "description": "d", "project": "p"}),
+            "`name` must not be empty",
+        ),
+        (
+            "phone_register",
+            json!({"name": "a b", "description": "d", "project": "p"}),
+            "may only contain ASCII letters",
+        ),
+        (
+            "phone_register",
+            json!({"name": "émile", "description": "d", "project": "p"}),
+            "'é' (U+00E9)",
+        ),
+        (
+            "phone_register",
+            json!({"name": "аlice", "description": "d", "project": "p"}),
+            "U+0430",
+        ),
+        (
+            "phone_register",
+            json!({"name": "x".repeat(65), "description": "d", "project": "p"}),
+            "the limit is 64",
+        ),
+        (
+            "phone_register",
+            json!({"name": 42, "description": "d", "project": "p"}),
+            "`name` must be a string; got a number",
+        ),
+        (
+            "phone_register",
+            json!({"name": "n", "description": "", "project": "p"}),
+            "`description` must not be empty",
+        ),
+        (
+            "phone_register",
+            json!({"name": "n", "description": "x".repeat(1001), "project": "p"}),
+            "the limit is 1000",
+        ),
+        (
+            "phone_register",
+            json!({"name": "n", "description": "d\u{0}", "project": "p"}),
+            "NUL",
+        ),
+        (
+            "phone_register",
+            json!({"name": "n", "description": "d", "project": "a\u{7}b"}),
+            "U+0007",
+        ),
+        (
+            "phone_register",
+            json!({"name": "n", "description": "d", "project": "x".repeat(101)}),
+            "the limit is 100",
+        ),
+        (
+            "phone_register",
+            json!({"name": "n", "description": "d", "project": "p", "token": "nope"}),
+            "`token` is malformed",
+        ),
+        (
+            "phone_register",
+            json!({"name": "n", "description": "d", "project": "p", "colour": "red"}),
+            "unknown key 'colour'",
+        ),
         // search
-        ("phone_search", json!({"limit": -1}), "`limit` must be from 1 to 50; got -1"),
+        (
+            "phone_search",
+            json!({"limit": -1}),
+            "`limit` must be from 1 to 50; got -1",
+        ),
         ("phone_search", json!({"limit": 0}), "got 0"),
-        ("phone_search", json!({"limit": 1_000_000_000_000i64}), "must be from 1 to 50"),
+        (
+            "phone_search",
+            json!({"limit": 1_000_000_000_000i64}),
+            "must be from 1 to 50",
+        ),
         ("phone_search", json!({"limit": 2.5}), "whole number"),
         ("phone_search", json!({"limit": "many"}), "whole number"),
-        ("phone_search", json!({"query": ["a"]}), "`query` must be a string; got an array"),
-        ("phone_search", json!({"query": "x".repeat(201)}), "longer than 200"),
+        (
+            "phone_search",
+            json!({"query": ["a"]}),
+            "`query` must be a string; got an array",
+        ),
+        (
+            "phone_search",
+            json!({"query": "x".repeat(201)}),
+            "longer than 200",
+        ),
         ("phone_search", json!({"query": "a\u{0}b"}), "NUL"),
-        ("phone_search", json!({"cursor": "not-a-cursor"}), "`cursor` is not a cursor"),
+        (
+            "phone_search",
+            json!({"cursor": "not-a-cursor"}),
+            "`cursor` is not a cursor",
+        ),
         // send
-        ("phone_send", a.with(json!({"to": "bob"})), "`body` is required"),
-        ("phone_send", a.with(json!({"to": "bob", "body": ""})), "`body` must not be empty"),
-        ("phone_send", a.with(json!({"to": "bob", "body": "   \n"})), "`body` must not be empty"),
-        ("phone_send", a.with(json!({"to": "bob", "body": long})), "the limit is 65536 bytes"),
-        ("phone_send", a.with(json!({"to": "bob", "body": "a\u{0}b"})), "NUL"),
-        ("phone_send", a.with(json!({"to": "bob", "body": {"text": "hi"}})), "`body` must be a string; got an object"),
-        ("phone_send", a.with(json!({"body": "hi"})), "`to` is required"),
-        ("phone_send", a.with(json!({"to": "nobody", "body": "hi"})), "no agent named 'nobody'"),
-        ("phone_send", a.with(json!({"to": "bob", "body": "hi", "subject": "x".repeat(201)})), "the limit is 200"),
-        ("phone_send", a.with(json!({"to": "bob", "body": "hi", "subject": "a\nb"})), "U+000A"),
-        ("phone_send", a.with(json!({"to": "bob", "body": "hi", "reply_to": "msg_123456"})), "msg_123456 not found"),
-        ("phone_send", a.with(json!({"to": "bob", "body": "hi", "reply_to": 7})), "`reply_to` must be a string"),
-        ("phone_send", a.with(json!({"to": "bob", "body": "hi", "idempotency_key": ""})), "`idempotency_key` must not be empty"),
-        ("phone_send", a.with(json!({"to": "bob", "body": "hi", "idempotency_key": "k".repeat(201)})), "the limit is 200"),
+        (
+            "phone_send",
+            a.with(json!({"to": "bob"})),
+            "`body` is required",
+        ),
+        (
+            "phone_send",
+            a.with(json!({"to": "bob", "body": ""})),
+            "`body` must not be empty",
+        ),
+        (
+            "phone_send",
+            a.with(json!({"to": "bob", "body": "   \n"})),
+            "`body` must not be empty",
+        ),
+        (
+            "phone_send",
+            a.with(json!({"to": "bob", "body": long})),
+            "the limit is 65536 bytes",
+        ),
+        (
+            "phone_send",
+            a.with(json!({"to": "bob", "body": "a\u{0}b"})),
+            "NUL",
+        ),
+        (
+            "phone_send",
+            a.with(json!({"to": "bob", "body": {"text": "hi"}})),
+            "`body` must be a string; got an object",
+        ),
+        (
+            "phone_send",
+            a.with(json!({"body": "hi"})),
+            "`to` is required",
+        ),
+        (
+            "phone_send",
+            a.with(json!({"to": "nobody", "body": "hi"})),
+            "no agent named 'nobody'",
+        ),
+        (
+            "phone_send",
+            a.with(json!({"to": "bob", "body": "hi", "subject": "x".repeat(201)})),
+            "the limit is 200",
+        ),
+        (
+            "phone_send",
+            a.with(json!({"to": "bob", "body": "hi", "subject": "a\nb"})),
+            "U+000A",
+        ),
+        (
+            "phone_send",
+            a.with(json!({"to": "bob", "body": "hi", "reply_to": "msg_123456"})),
+            "msg_123456 not found",
+        ),
+        (
+            "phone_send",
+            a.with(json!({"to": "bob", "body": "hi", "reply_to": 7})),
+            "`reply_to` must be a string",
+        ),
+        (
+            "phone_send",
+            a.with(json!({"to": "bob", "body": "hi", "idempotency_key": ""})),
+            "`idempotency_key` must not be empty",
+        ),
+        (
+            "phone_send",
+            a.with(json!({"to": "bob", "body": "hi", "idempotency_key": "k".repeat(201)})),
+            "the limit is 200",
+        ),
         // inbox
-        ("phone_inbox", a.with(json!({"limit": -5})), "`limit` must be from 1 to 100; got -5"),
+        (
+            "phone_inbox",
+            a.with(json!({"limit": -5})),
+            "`limit` must be from 1 to 100; got -5",
+        ),
         ("phone_inbox", a.with(json!({"limit": 101})), "got 101"),
-        ("phone_inbox", a.with(json!({"peek": "yes"})), "`peek` must be true or false"),
-        ("phone_inbox", a.with(json!({"include_read": 1})), "`include_read` must be true or false"),
+        (
+            "phone_inbox",
+            a.with(json!({"peek": "yes"})),
+            "`peek` must be true or false",
+        ),
+        (
+            "phone_inbox",
+            a.with(json!({"include_read": 1})),
+            "`include_read` must be true or false",
+        ),
     ];
     for (tool, args, expected) in cases {
         let err = tool_err(&c, tool, args.clone()).await;
-        assert!(err.contains(expected), "{tool}({}): expected {expected:?} in {err:?}", shorten(&args));
+        assert!(
+            err.contains(expected),
+            "{tool}({}): expected {expected:?} in {err:?}",
+            shorten(&args)
+        );
         assert!(!err.contains('\n'), "one-line errors: {err:?}");
     }
     // Nothing of the refused calls was stored.
     let db = app.db().await;
-    let agents: i64 = db.query_one("SELECT count(*) FROM agents", &[]).await.unwrap().get(0);
-    let messages: i64 = db.query_one("SELECT count(*) FROM messages", &[]).await.unwrap().get(0);
+    let agents: i64 = db
+        .query_one("SELECT count(*) FROM agents", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let messages: i64 = db
+        .query_one("SELECT count(*) FROM messages", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!((agents, messages), (2, 0));
     app.stop().await;
 }
 
 fn shorten(v: &serde_json::Value) -> String {
     let s = v.to_string();
-    if s.len() > 120 { format!("{}…", &s[..120]) } else { s }
+    if s.len() > 120 {
+        format!("{}…", &s[..120])
+    } else {
+        s
+    }
 }
 
 #[tokio::test]
@@ -85,7 +245,12 @@ async fn authentication_comes_from_the_token_only() {
     let c = app.client().await;
     let a = register(&c, "alice", "A", "p").await;
     let b = register(&c, "bob", "B", "p").await;
-    ok(&c, "phone_send", a.with(json!({"to": "bob", "body": "secret for bob"}))).await;
+    ok(
+        &c,
+        "phone_send",
+        a.with(json!({"to": "bob", "body": "secret for bob"})),
+    )
+    .await;
 
     // A name alone proves nothing.
     let err = tool_err(&c, "phone_inbox", json!({"name": "bob"})).await;
@@ -97,10 +262,20 @@ async fn authentication_comes_from_the_token_only() {
     let forged = format!("phn_{}", "A".repeat(43));
     let err = tool_err(&c, "phone_inbox", json!({"name": "bob", "token": forged})).await;
     assert!(err.starts_with("invalid token"), "{err}");
-    let err = tool_err(&c, "phone_send", json!({"token": "phn_x", "to": "bob", "body": "hi"})).await;
+    let err = tool_err(
+        &c,
+        "phone_send",
+        json!({"token": "phn_x", "to": "bob", "body": "hi"}),
+    )
+    .await;
     assert!(err.contains("`token` is malformed"), "{err}");
     // Alice cannot peek at Bob's mail with her own token either.
-    let peek = ok(&c, "phone_inbox", a.with(json!({"peek": true, "include_read": true}))).await;
+    let peek = ok(
+        &c,
+        "phone_inbox",
+        a.with(json!({"peek": true, "include_read": true})),
+    )
+    .await;
     assert!(peek["messages"].as_array().unwrap().is_empty());
     // Nothing was marked read by the failed attempts.
     let inbox = ok(&c, "phone_inbox", b.with(json!({}))).await;
@@ -122,7 +297,13 @@ async fn authentication_comes_from_the_token_only() {
         .unwrap();
     let body: serde_json::Value = r.json().await.unwrap();
     assert_eq!(body["result"]["isError"], true, "{body}");
-    assert!(body["result"]["content"][0]["text"].as_str().unwrap().contains("'Bearer <token>'"), "{body}");
+    assert!(
+        body["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("'Bearer <token>'"),
+        "{body}"
+    );
     app.stop().await;
 }
 
@@ -131,7 +312,9 @@ async fn unknown_tools_are_protocol_errors() {
     let app = spawn_app().await;
     let c = app.client().await;
     let outcome = c
-        .call_tool(rmcp::model::CallToolRequestParams::new("phone_delete_everything"))
+        .call_tool(rmcp::model::CallToolRequestParams::new(
+            "phone_delete_everything",
+        ))
         .await;
     let err = outcome.expect_err("unknown tool is a JSON-RPC error");
     assert!(err.to_string().contains("unknown tool"), "{err}");

@@ -10,7 +10,12 @@ use common::*;
 use serde_json::{Value, json};
 
 fn ids(v: &Value) -> Vec<String> {
-    v["messages"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap().to_owned()).collect()
+    v["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_owned())
+        .collect()
 }
 
 #[tokio::test]
@@ -26,7 +31,11 @@ async fn a_waiting_poll_on_one_replica_wakes_for_a_send_on_another() {
     let empty = ok(&c1, "phone_inbox", b.with(json!({"wait_seconds": 1}))).await;
     assert!(ids(&empty).is_empty());
     let db = one.db().await;
-    let waiters: i64 = db.query_one("SELECT count(*) FROM inbox_waiters", &[]).await.unwrap().get(0);
+    let waiters: i64 = db
+        .query_one("SELECT count(*) FROM inbox_waiters", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(waiters, 0);
 
     let waiting = {
@@ -39,23 +48,41 @@ async fn a_waiting_poll_on_one_replica_wakes_for_a_send_on_another() {
     };
     // Send once the poll is registered as a waiter.
     for _ in 0..100 {
-        let n: i64 = db.query_one("SELECT count(*) FROM inbox_waiters", &[]).await.unwrap().get(0);
+        let n: i64 = db
+            .query_one("SELECT count(*) FROM inbox_waiters", &[])
+            .await
+            .unwrap()
+            .get(0);
         if n > 0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let sent = ok(&c2, "phone_send", a.with(json!({"to": "bob", "body": "wake up"}))).await;
+    let sent = ok(
+        &c2,
+        "phone_send",
+        a.with(json!({"to": "bob", "body": "wake up"})),
+    )
+    .await;
     let (out, elapsed) = waiting.await.unwrap();
     assert_eq!(ids(&out), [sent["id"].as_str().unwrap()]);
     // Woken by the notification, not by the end of the 20 s wait.
     assert!(elapsed < Duration::from_secs(15), "woke after {elapsed:?}");
-    let waiters: i64 = db.query_one("SELECT count(*) FROM inbox_waiters", &[]).await.unwrap().get(0);
+    let waiters: i64 = db
+        .query_one("SELECT count(*) FROM inbox_waiters", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(waiters, 0);
 
     let err = tool_err(&c2, "phone_inbox", b.with(json!({"wait_seconds": 26}))).await;
     assert!(err.contains("from 0 to 25"), "{err}");
-    let err = tool_err(&c2, "phone_inbox", b.with(json!({"wait_seconds": 5, "include_read": true}))).await;
+    let err = tool_err(
+        &c2,
+        "phone_inbox",
+        b.with(json!({"wait_seconds": 5, "include_read": true})),
+    )
+    .await;
     assert!(err.contains("cannot be combined"), "{err}");
     two.stop().await;
     one.stop().await;
@@ -69,36 +96,78 @@ async fn leased_messages_come_back_unless_acknowledged() {
     let b = register(&c, "bob", "B", "p").await;
     let mut sent = Vec::new();
     for i in 0..3 {
-        let out = ok(&c, "phone_send", a.with(json!({"to": "bob", "body": format!("job {i}")}))).await;
+        let out = ok(
+            &c,
+            "phone_send",
+            a.with(json!({"to": "bob", "body": format!("job {i}")})),
+        )
+        .await;
         sent.push(out["id"].as_str().unwrap().to_owned());
     }
 
-    let lease = ok(&c, "phone_inbox", b.with(json!({"mode": "lease", "lease_seconds": 1, "limit": 2}))).await;
+    let lease = ok(
+        &c,
+        "phone_inbox",
+        b.with(json!({"mode": "lease", "lease_seconds": 1, "limit": 2})),
+    )
+    .await;
     assert_eq!(ids(&lease), sent[..2]);
     assert_eq!(lease["messages"][0]["delivery_count"], 1);
     assert!(lease["messages"][0]["lease_expires_at"].is_string());
-    assert!(lease["messages"][0]["read_at"].is_null(), "a lease does not consume");
+    assert!(
+        lease["messages"][0]["read_at"].is_null(),
+        "a lease does not consume"
+    );
     // While leased, neither a lease nor a read poll hands them out again.
-    let read = ok(&c, "phone_inbox", b.with(json!({"limit": 10, "peek": true}))).await;
+    let read = ok(
+        &c,
+        "phone_inbox",
+        b.with(json!({"limit": 10, "peek": true})),
+    )
+    .await;
     assert_eq!(ids(&read), sent[2..]);
 
     // Alice may not acknowledge Bob's mail.
     let foreign = ok(&c, "phone_ack", a.with(json!({"ids": [sent[0]]}))).await;
     assert_eq!(foreign["not_found"], json!([sent[0]]));
-    let acked = ok(&c, "phone_ack", b.with(json!({"ids": [sent[0], "msg_999999"]}))).await;
+    let acked = ok(
+        &c,
+        "phone_ack",
+        b.with(json!({"ids": [sent[0], "msg_999999"]})),
+    )
+    .await;
     assert_eq!(acked["acknowledged"], json!([sent[0]]));
     assert_eq!(acked["not_found"], json!(["msg_999999"]));
 
     tokio::time::sleep(Duration::from_millis(1300)).await;
-    let again = ok(&c, "phone_inbox", b.with(json!({"mode": "lease", "limit": 10}))).await;
-    assert_eq!(ids(&again), sent[1..], "the unacknowledged lease came back, the acknowledged did not");
+    let again = ok(
+        &c,
+        "phone_inbox",
+        b.with(json!({"mode": "lease", "limit": 10})),
+    )
+    .await;
+    assert_eq!(
+        ids(&again),
+        sent[1..],
+        "the unacknowledged lease came back, the acknowledged did not"
+    );
     assert_eq!(again["messages"][0]["delivery_count"], 2);
     ok(&c, "phone_ack", b.with(json!({"ids": ids(&again)}))).await;
 
     let outbox = ok(&c, "phone_outbox", a.with(json!({}))).await;
-    let states: Vec<&str> = outbox["messages"].as_array().unwrap().iter().map(|m| m["state"].as_str().unwrap()).collect();
+    let states: Vec<&str> = outbox["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["state"].as_str().unwrap())
+        .collect();
     assert_eq!(states, ["acknowledged"; 3]);
-    let err = tool_err(&c, "phone_inbox", b.with(json!({"mode": "lease", "peek": true}))).await;
+    let err = tool_err(
+        &c,
+        "phone_inbox",
+        b.with(json!({"mode": "lease", "peek": true})),
+    )
+    .await;
     assert!(err.contains("cannot be combined"), "{err}");
     let err = tool_err(&c, "phone_inbox", b.with(json!({"mode": "grab"}))).await;
     assert!(err.contains("\"read\" or \"lease\""), "{err}");
@@ -115,11 +184,20 @@ async fn concurrent_lease_holders_on_two_replicas_never_share_a_message() {
     let a = register(&c, "alice", "A", "p").await;
     let b = register(&c, "bob", "B", "p").await;
     for i in 0..120 {
-        ok(&c, "phone_send", a.with(json!({"to": "bob", "body": format!("task {i}")}))).await;
+        ok(
+            &c,
+            "phone_send",
+            a.with(json!({"to": "bob", "body": format!("task {i}")})),
+        )
+        .await;
     }
     let mut workers = Vec::new();
     for i in 0..6 {
-        let client = if i % 2 == 0 { one.client().await } else { two.client().await };
+        let client = if i % 2 == 0 {
+            one.client().await
+        } else {
+            two.client().await
+        };
         let args = b.with(json!({"mode": "lease", "lease_seconds": 600, "limit": 5}));
         workers.push(tokio::spawn(async move {
             let mut got = Vec::new();
@@ -153,17 +231,47 @@ async fn outbox_and_threads_show_state_and_conversation_to_participants_only() {
     let b = register(&c, "bob", "B", "q").await;
     let eve = register(&c, "eve", "E", "p").await;
 
-    let q = ok(&c, "phone_send", a.with(json!({"to": "bob", "body": "question", "subject": "s"}))).await;
+    let q = ok(
+        &c,
+        "phone_send",
+        a.with(json!({"to": "bob", "body": "question", "subject": "s"})),
+    )
+    .await;
     let q_id = q["id"].as_str().unwrap();
     ok(&c, "phone_inbox", b.with(json!({}))).await;
-    let r = ok(&c, "phone_send", b.with(json!({"reply_to": q_id, "body": "answer"}))).await;
-    let f = ok(&c, "phone_send", a.with(json!({"reply_to": r["id"], "body": "follow-up"}))).await;
-    ok(&c, "phone_send", a.with(json!({"to": "eve", "body": "unrelated"}))).await;
+    let r = ok(
+        &c,
+        "phone_send",
+        b.with(json!({"reply_to": q_id, "body": "answer"})),
+    )
+    .await;
+    let f = ok(
+        &c,
+        "phone_send",
+        a.with(json!({"reply_to": r["id"], "body": "follow-up"})),
+    )
+    .await;
+    ok(
+        &c,
+        "phone_send",
+        a.with(json!({"to": "eve", "body": "unrelated"})),
+    )
+    .await;
 
     let outbox = ok(&c, "phone_outbox", a.with(json!({"limit": 2}))).await;
-    let first_page: Vec<&str> = outbox["messages"].as_array().unwrap().iter().map(|m| m["state"].as_str().unwrap()).collect();
+    let first_page: Vec<&str> = outbox["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["state"].as_str().unwrap())
+        .collect();
     assert_eq!(first_page, ["waiting", "waiting"]);
-    let page2 = ok(&c, "phone_outbox", a.with(json!({"limit": 2, "cursor": outbox["next_cursor"]}))).await;
+    let page2 = ok(
+        &c,
+        "phone_outbox",
+        a.with(json!({"limit": 2, "cursor": outbox["next_cursor"]})),
+    )
+    .await;
     assert_eq!(page2["messages"][0]["id"], q_id);
     assert_eq!(page2["messages"][0]["state"], "read");
     assert!(page2["messages"][0]["read_at"].is_string());
@@ -171,17 +279,35 @@ async fn outbox_and_threads_show_state_and_conversation_to_participants_only() {
 
     for (who, start) in [(&a, f["id"].as_str().unwrap()), (&b, q_id)] {
         let thread = ok(&c, "phone_thread", who.with(json!({"message_id": start}))).await;
-        let bodies: Vec<&str> = thread["messages"].as_array().unwrap().iter().map(|m| m["body"].as_str().unwrap()).collect();
+        let bodies: Vec<&str> = thread["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["body"].as_str().unwrap())
+            .collect();
         assert_eq!(bodies, ["question", "answer", "follow-up"]);
         assert_eq!(thread["thread_id"], q_id);
         assert_eq!(thread["messages"][1]["from"], "bob");
         assert_eq!(thread["messages"][1]["to"], "alice");
     }
     let err = tool_err(&c, "phone_thread", eve.with(json!({"message_id": q_id}))).await;
-    assert!(err.contains("not found among the messages you sent or received"), "{err}");
-    let page = ok(&c, "phone_thread", b.with(json!({"message_id": q_id, "limit": 2}))).await;
+    assert!(
+        err.contains("not found among the messages you sent or received"),
+        "{err}"
+    );
+    let page = ok(
+        &c,
+        "phone_thread",
+        b.with(json!({"message_id": q_id, "limit": 2})),
+    )
+    .await;
     assert_eq!(page["messages"].as_array().unwrap().len(), 2);
-    let rest = ok(&c, "phone_thread", b.with(json!({"message_id": q_id, "limit": 2, "cursor": page["next_cursor"]}))).await;
+    let rest = ok(
+        &c,
+        "phone_thread",
+        b.with(json!({"message_id": q_id, "limit": 2, "cursor": page["next_cursor"]})),
+    )
+    .await;
     assert_eq!(rest["messages"][0]["body"], "follow-up");
     app.stop().await;
 }
@@ -192,18 +318,39 @@ async fn presence_is_written_at_most_once_a_minute() {
     let c = app.client().await;
     let a = register(&c, "alice", "A", "p").await;
     let db = app.db().await;
-    db.execute("UPDATE agents SET last_seen_at = now() - interval '2 hours'", &[]).await.unwrap();
+    db.execute(
+        "UPDATE agents SET last_seen_at = now() - interval '2 hours'",
+        &[],
+    )
+    .await
+    .unwrap();
     ok(&c, "phone_inbox", a.with(json!({}))).await;
     let fresh: bool = db
-        .query_one("SELECT last_seen_at > now() - interval '1 minute' FROM agents", &[])
+        .query_one(
+            "SELECT last_seen_at > now() - interval '1 minute' FROM agents",
+            &[],
+        )
         .await
         .unwrap()
         .get(0);
     assert!(fresh, "a call after a long absence updates last_seen_at");
-    db.execute("UPDATE agents SET last_seen_at = now() - interval '30 seconds'", &[]).await.unwrap();
-    let before: String = db.query_one("SELECT last_seen_at::text FROM agents", &[]).await.unwrap().get(0);
+    db.execute(
+        "UPDATE agents SET last_seen_at = now() - interval '30 seconds'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let before: String = db
+        .query_one("SELECT last_seen_at::text FROM agents", &[])
+        .await
+        .unwrap()
+        .get(0);
     ok(&c, "phone_inbox", a.with(json!({}))).await;
-    let after: String = db.query_one("SELECT last_seen_at::text FROM agents", &[]).await.unwrap().get(0);
+    let after: String = db
+        .query_one("SELECT last_seen_at::text FROM agents", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(before, after, "no write within the minute");
     let found = ok(&c, "phone_search", json!({"query": "alice"})).await;
     assert!(found["agents"][0]["last_seen_at"].is_string());
@@ -220,10 +367,18 @@ async fn rotating_a_token_revokes_the_old_one_at_once() {
     assert_ne!(new_token, a.token);
     let err = tool_err(&c, "phone_inbox", a.with(json!({}))).await;
     assert!(err.starts_with("invalid token"), "revoked token: {err}");
-    let renewed = Agent { name: a.name.clone(), token: new_token };
+    let renewed = Agent {
+        name: a.name.clone(),
+        token: new_token,
+    };
     ok(&c, "phone_inbox", renewed.with(json!({}))).await;
     // Updating the entry needs the new token too.
-    let err = tool_err(&c, "phone_register", json!({"name": "alice", "description": "x", "project": "p", "token": a.token})).await;
+    let err = tool_err(
+        &c,
+        "phone_register",
+        json!({"name": "alice", "description": "x", "project": "p", "token": a.token}),
+    )
+    .await;
     assert!(err.contains("name already registered"), "{err}");
     app.stop().await;
 }
@@ -234,7 +389,12 @@ async fn unregistering_revokes_hides_reserves_and_keeps_history() {
     let c = app.client().await;
     let a = register(&c, "alice", "A", "p").await;
     let b = register(&c, "bob", "B", "p").await;
-    let q = ok(&c, "phone_send", a.with(json!({"to": "bob", "body": "before"}))).await;
+    let q = ok(
+        &c,
+        "phone_send",
+        a.with(json!({"to": "bob", "body": "before"})),
+    )
+    .await;
 
     let gone = ok(&c, "phone_unregister", b.with(json!({}))).await;
     assert_eq!(gone["name"], "bob");
@@ -242,9 +402,19 @@ async fn unregistering_revokes_hides_reserves_and_keeps_history() {
     assert!(err.starts_with("invalid token"), "{err}");
     let found = ok(&c, "phone_search", json!({"query": "bob"})).await;
     assert!(found["agents"].as_array().unwrap().is_empty());
-    let err = tool_err(&c, "phone_send", a.with(json!({"to": "bob", "body": "hello?"}))).await;
+    let err = tool_err(
+        &c,
+        "phone_send",
+        a.with(json!({"to": "bob", "body": "hello?"})),
+    )
+    .await;
     assert!(err.contains("no agent named 'bob'"), "{err}");
-    let err = tool_err(&c, "phone_register", json!({"name": "bob", "description": "new bob", "project": "p"})).await;
+    let err = tool_err(
+        &c,
+        "phone_register",
+        json!({"name": "bob", "description": "new bob", "project": "p"}),
+    )
+    .await;
     assert!(err.contains("stays reserved until"), "{err}");
     // History is kept for the other party.
     let outbox = ok(&c, "phone_outbox", a.with(json!({}))).await;
@@ -252,13 +422,35 @@ async fn unregistering_revokes_hides_reserves_and_keeps_history() {
 
     // After the reservation, the name is free for a new identity, which
     // inherits nothing: not the old inbox, not replies to old threads.
-    app.db().await.execute("UPDATE agents SET unregistered_at = now() - interval '31 days' WHERE name = 'bob'", &[]).await.unwrap();
+    app.db()
+        .await
+        .execute(
+            "UPDATE agents SET unregistered_at = now() - interval '31 days' WHERE name = 'bob'",
+            &[],
+        )
+        .await
+        .unwrap();
     let new_bob = register(&c, "bob", "A different bob", "p").await;
-    let inbox = ok(&c, "phone_inbox", new_bob.with(json!({"include_read": true}))).await;
+    let inbox = ok(
+        &c,
+        "phone_inbox",
+        new_bob.with(json!({"include_read": true})),
+    )
+    .await;
     assert!(ids(&inbox).is_empty());
-    let err = tool_err(&c, "phone_send", a.with(json!({"reply_to": q["id"], "body": "still there?"}))).await;
+    let err = tool_err(
+        &c,
+        "phone_send",
+        a.with(json!({"reply_to": q["id"], "body": "still there?"})),
+    )
+    .await;
     assert!(err.contains("no agent named 'bob'"), "{err}");
-    let err = tool_err(&c, "phone_thread", new_bob.with(json!({"message_id": q["id"]}))).await;
+    let err = tool_err(
+        &c,
+        "phone_thread",
+        new_bob.with(json!({"message_id": q["id"]})),
+    )
+    .await;
     assert!(err.contains("not found"), "{err}");
     app.stop().await;
 }

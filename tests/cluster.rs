@@ -17,7 +17,11 @@ use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 struct Replica {
@@ -42,7 +46,10 @@ impl Replica {
         for (k, v) in extra {
             cmd.env(k, v);
         }
-        Replica { port, child: cmd.spawn().expect("start a replica") }
+        Replica {
+            port,
+            child: cmd.spawn().expect("start a replica"),
+        }
     }
 
     fn url(&self) -> String {
@@ -54,7 +61,10 @@ async fn wait_healthy(port: u16) {
     let http = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     while Instant::now() < deadline {
-        if let Ok(r) = http.get(format!("http://127.0.0.1:{port}/health")).send().await
+        if let Ok(r) = http
+            .get(format!("http://127.0.0.1:{port}/health"))
+            .send()
+            .await
             && r.status().is_success()
         {
             return;
@@ -81,12 +91,19 @@ impl Balancer {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("phone-lb-{}", rand::random::<u64>()));
         std::fs::create_dir_all(&dir).unwrap();
-        let conf = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/nginx.conf")).unwrap();
+        let conf =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/nginx.conf"))
+                .unwrap();
         assert!(conf.contains("listen 3000;"));
-        std::fs::write(dir.join("nginx.conf"), conf.replace("listen 3000;", &format!("listen 127.0.0.1:{port};")))
-            .unwrap();
-        let upstream: String =
-            replicas.iter().map(|p| format!("server 127.0.0.1:{p} max_fails=2 fail_timeout=10s;\n")).collect();
+        std::fs::write(
+            dir.join("nginx.conf"),
+            conf.replace("listen 3000;", &format!("listen 127.0.0.1:{port};")),
+        )
+        .unwrap();
+        let upstream: String = replicas
+            .iter()
+            .map(|p| format!("server 127.0.0.1:{p} max_fails=2 fail_timeout=10s;\n"))
+            .collect();
         std::fs::write(dir.join("phone-upstream.conf"), upstream).unwrap();
         let child = Command::new(nginx)
             .arg("-p")
@@ -101,7 +118,11 @@ impl Balancer {
             .spawn()
             .expect("start nginx");
         wait_healthy(port).await;
-        Balancer { port, child, _dir: dir }
+        Balancer {
+            port,
+            child,
+            _dir: dir,
+        }
     }
 
     fn url(&self) -> String {
@@ -125,7 +146,11 @@ impl Cluster {
             wait_healthy(r.port).await;
         }
         let balancer = Balancer::start(&replicas.iter().map(|r| r.port).collect::<Vec<_>>()).await;
-        Cluster { database_url, replicas, balancer }
+        Cluster {
+            database_url,
+            replicas,
+            balancer,
+        }
     }
 
     async fn client(&self, replica: usize) -> Client {
@@ -137,7 +162,10 @@ impl Cluster {
     }
 
     async fn db(&self) -> tokio_postgres::Client {
-        let (client, connection) = tokio_postgres::connect(&self.database_url, tokio_postgres::NoTls).await.unwrap();
+        let (client, connection) =
+            tokio_postgres::connect(&self.database_url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
         tokio::spawn(connection);
         client
     }
@@ -145,7 +173,10 @@ impl Cluster {
     async fn stop(mut self) {
         // nginx's master stops its workers on SIGQUIT; SIGKILL would orphan them.
         if let Some(pid) = self.balancer.child.id() {
-            let _ = std::process::Command::new("kill").arg("-QUIT").arg(pid.to_string()).status();
+            let _ = std::process::Command::new("kill")
+                .arg("-QUIT")
+                .arg(pid.to_string())
+                .status();
             let _ = tokio::time::timeout(Duration::from_secs(10), self.balancer.child.wait()).await;
         }
         for r in &mut self.replicas {
@@ -159,26 +190,53 @@ async fn replicas_started_together_migrate_once_and_serve_the_flow_without_affin
     let cluster = Cluster::start().await;
     let db = cluster.db().await;
     let versions: Vec<i32> = db
-        .query("SELECT version FROM refinery_schema_history ORDER BY version", &[])
+        .query(
+            "SELECT version FROM refinery_schema_history ORDER BY version",
+            &[],
+        )
         .await
         .unwrap()
         .iter()
         .map(|r| r.get(0))
         .collect();
     let unique: HashSet<&i32> = versions.iter().collect();
-    assert_eq!(unique.len(), versions.len(), "a migration ran twice: {versions:?}");
+    assert_eq!(
+        unique.len(),
+        versions.len(),
+        "a migration ran twice: {versions:?}"
+    );
     assert!(versions.len() >= 3);
 
     // Every call of the flow on a different replica, then through the balancer.
-    let (r0, r1, r2) = (cluster.client(0).await, cluster.client(1).await, cluster.client(2).await);
-    let email = register(&r0, "email", "Email assistant with access to all Fortea mail", "hassing").await;
+    let (r0, r1, r2) = (
+        cluster.client(0).await,
+        cluster.client(1).await,
+        cluster.client(2).await,
+    );
+    let email = register(
+        &r0,
+        "email",
+        "Email assistant with access to all Fortea mail",
+        "hassing",
+    )
+    .await;
     let coder = register(&r1, "coder", "Writes code", "kodo").await;
     let found = ok(&r2, "phone_search", json!({"query": "invoice mail"})).await;
     assert_eq!(found["agents"][0]["name"], "email");
-    let q = ok(&r0, "phone_send", coder.with(json!({"to": "email", "body": "Please fetch the latest invoice mail."}))).await;
+    let q = ok(
+        &r0,
+        "phone_send",
+        coder.with(json!({"to": "email", "body": "Please fetch the latest invoice mail."})),
+    )
+    .await;
     let inbox = ok(&r1, "phone_inbox", email.with(json!({}))).await;
     assert_eq!(inbox["messages"][0]["id"], q["id"]);
-    ok(&r2, "phone_send", email.with(json!({"reply_to": q["id"], "body": "Done."}))).await;
+    ok(
+        &r2,
+        "phone_send",
+        email.with(json!({"reply_to": q["id"], "body": "Done."})),
+    )
+    .await;
     let lb = cluster.balanced_client().await;
     let answer = ok(&lb, "phone_inbox", coder.with(json!({}))).await;
     assert_eq!(answer["messages"][0]["reply_to"], q["id"]);
@@ -200,7 +258,11 @@ async fn eight_pollers_over_three_replicas_get_a_thousand_messages_exactly_once(
 
     let mut senders = Vec::new();
     for s in 0..4 {
-        let client = if s % 2 == 0 { cluster.balanced_client().await } else { cluster.client(s % 3).await };
+        let client = if s % 2 == 0 {
+            cluster.balanced_client().await
+        } else {
+            cluster.client(s % 3).await
+        };
         let base = alice.with(json!({"to": "bob"}));
         senders.push(tokio::spawn(async move {
             for i in (s..TOTAL).step_by(4) {
@@ -213,7 +275,11 @@ async fn eight_pollers_over_three_replicas_get_a_thousand_messages_exactly_once(
     }
     let mut pollers = Vec::new();
     for p in 0..8 {
-        let client = if p == 7 { cluster.balanced_client().await } else { cluster.client(p % 3).await };
+        let client = if p == 7 {
+            cluster.balanced_client().await
+        } else {
+            cluster.client(p % 3).await
+        };
         let args = bob.with(json!({"limit": 10}));
         pollers.push(tokio::spawn(async move {
             let mut got: Vec<String> = Vec::new();
@@ -221,8 +287,12 @@ async fn eight_pollers_over_three_replicas_get_a_thousand_messages_exactly_once(
             // Bounded: at most 3,000 polls; stop after 2 s of nothing new.
             for _ in 0..3000 {
                 let out = ok(&client, "phone_inbox", args.clone()).await;
-                let batch: Vec<String> =
-                    out["messages"].as_array().unwrap().iter().map(|m| m["body"].as_str().unwrap().to_owned()).collect();
+                let batch: Vec<String> = out["messages"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|m| m["body"].as_str().unwrap().to_owned())
+                    .collect();
                 if batch.is_empty() {
                     idle += 1;
                     if idle > 100 {
@@ -245,9 +315,20 @@ async fn eight_pollers_over_three_replicas_get_a_thousand_messages_exactly_once(
         all.extend(p.await.unwrap());
     }
     let unique: HashSet<&String> = all.iter().collect();
-    assert_eq!(unique.len(), all.len(), "{} deliveries were duplicates", all.len() - unique.len());
+    assert_eq!(
+        unique.len(),
+        all.len(),
+        "{} deliveries were duplicates",
+        all.len() - unique.len()
+    );
     assert_eq!(all.len(), TOTAL, "every message delivered");
-    let unread: i64 = cluster.db().await.query_one("SELECT count(*) FROM messages WHERE read_at IS NULL", &[]).await.unwrap().get(0);
+    let unread: i64 = cluster
+        .db()
+        .await
+        .query_one("SELECT count(*) FROM messages WHERE read_at IS NULL", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(unread, 0);
     Arc::into_inner(cluster).unwrap().stop().await;
 }
@@ -270,7 +351,11 @@ async fn races_between_replicas_have_one_winner() {
         let winners = outcomes.iter().filter(|r| r.is_error != Some(true)).count();
         assert_eq!(winners, 1, "round {round}: exactly one registration wins");
         let loser = outcomes.iter().find(|r| r.is_error == Some(true)).unwrap();
-        assert!(text(loser).starts_with("name already registered"), "{}", text(loser));
+        assert!(
+            text(loser).starts_with("name already registered"),
+            "{}",
+            text(loser)
+        );
         let winner = outcomes.iter().find(|r| r.is_error != Some(true)).unwrap();
         assert!(winner.structured_content.as_ref().unwrap()["token"].is_string());
     }
@@ -279,13 +364,23 @@ async fn races_between_replicas_have_one_winner() {
     let alice = register(&r0, "alice", "A", "p").await;
     register(&r0, "bob", "B", "p").await;
     for round in 0..10 {
-        let args = alice.with(json!({"to": "bob", "body": "once", "idempotency_key": format!("race-{round}")}));
-        let (a, b) = tokio::join!(ok(&r0, "phone_send", args.clone()), ok(&r1, "phone_send", args.clone()));
+        let args = alice
+            .with(json!({"to": "bob", "body": "once", "idempotency_key": format!("race-{round}")}));
+        let (a, b) = tokio::join!(
+            ok(&r0, "phone_send", args.clone()),
+            ok(&r1, "phone_send", args.clone())
+        );
         assert_eq!(a["id"], b["id"]);
         let fresh = [&a, &b].iter().filter(|v| v["replayed"] == false).count();
         assert_eq!(fresh, 1);
     }
-    let count: i64 = cluster.db().await.query_one("SELECT count(*) FROM messages", &[]).await.unwrap().get(0);
+    let count: i64 = cluster
+        .db()
+        .await
+        .query_one("SELECT count(*) FROM messages", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(count, 10);
     cluster.stop().await;
 }
@@ -302,7 +397,10 @@ async fn raw_send(http: &reqwest::Client, url: &str, args: Value) -> Result<Valu
         .await
         .map_err(|e| format!("transport: {e}"))?;
     let status = response.status();
-    let text = response.text().await.map_err(|e| format!("body cut: {e}"))?;
+    let text = response
+        .text()
+        .await
+        .map_err(|e| format!("body cut: {e}"))?;
     if !status.is_success() {
         return Err(format!("status {status}: {text}"));
     }
@@ -350,7 +448,10 @@ async fn sigterm_under_load_finishes_every_accepted_request() {
         workers.push(tokio::spawn(async move {
             // A fresh connection per request: after the signal, new
             // connections are refused rather than accepted and dropped.
-            let http = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+            let http = reqwest::Client::builder()
+                .pool_max_idle_per_host(0)
+                .build()
+                .unwrap();
             let (mut acknowledged, mut refused, mut failed) = (Vec::new(), 0, Vec::new());
             for i in 0..2000 {
                 if stop.load(std::sync::atomic::Ordering::Relaxed) {
@@ -383,7 +484,11 @@ async fn sigterm_under_load_finishes_every_accepted_request() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let pid = replica.child.id().expect("replica running");
-    let status = std::process::Command::new("kill").arg("-TERM").arg(pid.to_string()).status().unwrap();
+    let status = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
     assert!(status.success());
     let exit = tokio::time::timeout(Duration::from_secs(20), replica.child.wait())
         .await
@@ -399,11 +504,16 @@ async fn sigterm_under_load_finishes_every_accepted_request() {
         acknowledged.extend(acked);
     }
     assert!(!acknowledged.is_empty(), "the load ran before the signal");
-    let status = long_poll.await.unwrap().expect("the long poll got its answer");
+    let status = long_poll
+        .await
+        .unwrap()
+        .expect("the long poll got its answer");
     assert!(status.is_success());
 
     // Everything stored was acknowledged, and everything acknowledged stored.
-    let (db, connection) = tokio_postgres::connect(&database_url, tokio_postgres::NoTls).await.unwrap();
+    let (db, connection) = tokio_postgres::connect(&database_url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
     tokio::spawn(connection);
     let stored: HashSet<String> = db
         .query("SELECT idempotency_key FROM messages", &[])
@@ -412,18 +522,27 @@ async fn sigterm_under_load_finishes_every_accepted_request() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(stored, acknowledged, "a request was processed but its answer lost, or vice versa");
+    assert_eq!(
+        stored, acknowledged,
+        "a request was processed but its answer lost, or vice versa"
+    );
 }
 
 async fn client_for(url: &str, bearer: Option<&str>) -> Client {
     use rmcp::ServiceExt;
-    let mut config = rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(url.to_owned());
+    let mut config =
+        rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
+            url.to_owned(),
+        );
     if let Some(token) = bearer {
         config = config.auth_header(token.to_owned());
     }
     let transport = rmcp::transport::StreamableHttpClientTransport::from_config(config);
-    rmcp::model::ClientConfig::new(Default::default(), rmcp::model::Implementation::new("cluster-tests", "0"))
-        .serve(transport)
-        .await
-        .expect("MCP client connects")
+    rmcp::model::ClientConfig::new(
+        Default::default(),
+        rmcp::model::Implementation::new("cluster-tests", "0"),
+    )
+    .serve(transport)
+    .await
+    .expect("MCP client connects")
 }

@@ -9,7 +9,11 @@ use serde_json::{Value, json};
 
 const ACCEPT: &str = "application/json, text/event-stream";
 
-async fn post_raw(app: &TestApp, body: impl Into<reqwest::Body>, content_type: &str) -> reqwest::Response {
+async fn post_raw(
+    app: &TestApp,
+    body: impl Into<reqwest::Body>,
+    content_type: &str,
+) -> reqwest::Response {
     reqwest::Client::new()
         .post(app.mcp_url())
         .header("content-type", content_type)
@@ -29,38 +33,104 @@ async fn expect_jsonrpc_error(response: reqwest::Response, status: u16, code: i6
     assert_eq!(response.status().as_u16(), status);
     let body: Value = response.json().await.expect("a JSON-RPC error body");
     assert_eq!(body["error"]["code"], code, "{body}");
-    assert!(body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty())
+    );
 }
 
 #[tokio::test]
 async fn malformed_requests_get_clear_errors_never_a_500() {
     let app = spawn_app().await;
 
-    expect_jsonrpc_error(post_raw(&app, "{\"jsonrpc\": \"2.0\", ", "application/json").await, 400, -32700).await;
-    expect_jsonrpc_error(post_raw(&app, vec![0xff, 0xfe, b'{', b'}'], "application/json").await, 400, -32700).await;
+    expect_jsonrpc_error(
+        post_raw(&app, "{\"jsonrpc\": \"2.0\", ", "application/json").await,
+        400,
+        -32700,
+    )
+    .await;
+    expect_jsonrpc_error(
+        post_raw(&app, vec![0xff, 0xfe, b'{', b'}'], "application/json").await,
+        400,
+        -32700,
+    )
+    .await;
 
-    let wrong_type = post_raw(&app, tools_call("phone_search", json!({})).to_string(), "text/plain").await;
+    let wrong_type = post_raw(
+        &app,
+        tools_call("phone_search", json!({})).to_string(),
+        "text/plain",
+    )
+    .await;
     assert_eq!(wrong_type.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
 
     let nested = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
-    expect_jsonrpc_error(post_raw(&app, nested, "application/json").await, 400, -32700).await;
-    let nested_args = format!("{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{{\"name\":\"phone_search\",\"arguments\":{{\"query\":{}1{}}}}}}}", "[".repeat(200), "]".repeat(200));
-    expect_jsonrpc_error(post_raw(&app, nested_args, "application/json").await, 400, -32700).await;
+    expect_jsonrpc_error(
+        post_raw(&app, nested, "application/json").await,
+        400,
+        -32700,
+    )
+    .await;
+    let nested_args = format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{{\"name\":\"phone_search\",\"arguments\":{{\"query\":{}1{}}}}}}}",
+        "[".repeat(200),
+        "]".repeat(200)
+    );
+    expect_jsonrpc_error(
+        post_raw(&app, nested_args, "application/json").await,
+        400,
+        -32700,
+    )
+    .await;
 
     let huge = "x".repeat(300 * 1024);
-    let too_big = post_raw(&app, tools_call("phone_search", json!({"query": huge})).to_string(), "application/json").await;
+    let too_big = post_raw(
+        &app,
+        tools_call("phone_search", json!({"query": huge})).to_string(),
+        "application/json",
+    )
+    .await;
     assert_eq!(too_big.status(), StatusCode::PAYLOAD_TOO_LARGE);
 
-    expect_jsonrpc_error(post_raw(&app, json!({"hello": "world"}).to_string(), "application/json").await, 400, -32600).await;
+    expect_jsonrpc_error(
+        post_raw(
+            &app,
+            json!({"hello": "world"}).to_string(),
+            "application/json",
+        )
+        .await,
+        400,
+        -32600,
+    )
+    .await;
     expect_jsonrpc_error(post_raw(&app, "42", "application/json").await, 400, -32600).await;
     let empty_method = json!({"jsonrpc": "2.0", "id": 1, "method": ""});
-    expect_jsonrpc_error(post_raw(&app, empty_method.to_string(), "application/json").await, 400, -32600).await;
+    expect_jsonrpc_error(
+        post_raw(&app, empty_method.to_string(), "application/json").await,
+        400,
+        -32600,
+    )
+    .await;
     let numeric_method = json!({"jsonrpc": "2.0", "id": 1, "method": 5});
-    expect_jsonrpc_error(post_raw(&app, numeric_method.to_string(), "application/json").await, 400, -32600).await;
+    expect_jsonrpc_error(
+        post_raw(&app, numeric_method.to_string(), "application/json").await,
+        400,
+        -32600,
+    )
+    .await;
 
     // Batches left MCP in 2025-06-18.
-    let batch = json!([tools_call("phone_search", json!({})), tools_call("phone_search", json!({}))]);
-    expect_jsonrpc_error(post_raw(&app, batch.to_string(), "application/json").await, 400, -32600).await;
+    let batch = json!([
+        tools_call("phone_search", json!({})),
+        tools_call("phone_search", json!({}))
+    ]);
+    expect_jsonrpc_error(
+        post_raw(&app, batch.to_string(), "application/json").await,
+        400,
+        -32600,
+    )
+    .await;
 
     let unknown_method = post_raw(
         &app,
@@ -89,13 +159,21 @@ async fn endpoints_around_mcp() {
     let body: Value = health.json().await.unwrap();
     assert_eq!(body["status"], "ok");
 
-    for path in ["/.well-known/oauth-authorization-server", "/.well-known/oauth-protected-resource/mcp"] {
+    for path in [
+        "/.well-known/oauth-authorization-server",
+        "/.well-known/oauth-protected-resource/mcp",
+    ] {
         let r = http.get(app.url(path)).send().await.unwrap();
         assert_eq!(r.status(), StatusCode::NOT_FOUND, "{path}");
     }
 
     // Stateless: no standalone SSE stream, no session to delete.
-    let get = http.get(app.mcp_url()).header("accept", "text/event-stream").send().await.unwrap();
+    let get = http
+        .get(app.mcp_url())
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(get.status(), StatusCode::METHOD_NOT_ALLOWED);
     let delete = http.delete(app.mcp_url()).send().await.unwrap();
     assert_eq!(delete.status(), StatusCode::METHOD_NOT_ALLOWED);
@@ -106,7 +184,10 @@ async fn endpoints_around_mcp() {
     let r = post_raw(&app, init.to_string(), "application/json").await;
     assert_eq!(r.status(), StatusCode::OK);
     assert!(r.headers().get("mcp-session-id").is_none());
-    assert_eq!(r.headers().get("x-content-type-options").unwrap(), "nosniff");
+    assert_eq!(
+        r.headers().get("x-content-type-options").unwrap(),
+        "nosniff"
+    );
     let body: Value = r.json().await.unwrap();
     let instructions = body["result"]["instructions"].as_str().unwrap();
     assert!(instructions.contains("phone_register") && instructions.contains("reply_to"));
@@ -132,12 +213,30 @@ async fn dns_rebinding_is_refused() {
         }
         req.send()
     };
-    assert_eq!(send(Some("evil.example"), None).await.unwrap().status(), StatusCode::FORBIDDEN);
-    assert_eq!(send(None, Some("https://evil.example")).await.unwrap().status(), StatusCode::FORBIDDEN);
-    assert_eq!(send(None, Some("http://localhost.evil.example")).await.unwrap().status(), StatusCode::FORBIDDEN);
+    assert_eq!(
+        send(Some("evil.example"), None).await.unwrap().status(),
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        send(None, Some("https://evil.example"))
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        send(None, Some("http://localhost.evil.example"))
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::FORBIDDEN
+    );
     // The server's own (loopback) origin is not a rebinding attack.
     let own = format!("http://{}", app.addr);
-    assert_eq!(send(None, Some(&own)).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        send(None, Some(&own)).await.unwrap().status(),
+        StatusCode::OK
+    );
     assert_eq!(send(None, None).await.unwrap().status(), StatusCode::OK);
     app.stop().await;
 
@@ -170,13 +269,24 @@ async fn the_tool_surface_is_small_complete_and_annotated() {
     assert_eq!(
         names,
         [
-            "phone_register", "phone_search", "phone_send", "phone_inbox", "phone_ack",
-            "phone_outbox", "phone_thread", "phone_rotate_token", "phone_unregister",
+            "phone_register",
+            "phone_search",
+            "phone_send",
+            "phone_inbox",
+            "phone_ack",
+            "phone_outbox",
+            "phone_thread",
+            "phone_rotate_token",
+            "phone_unregister",
         ]
     );
     let mut model_reads = 0;
     for tool in &tools {
-        assert!(tool.output_schema.is_some(), "{} has an outputSchema", tool.name);
+        assert!(
+            tool.output_schema.is_some(),
+            "{} has an outputSchema",
+            tool.name
+        );
         let a = tool.annotations.as_ref().expect("annotations");
         assert!(a.read_only_hint.is_some() && a.destructive_hint.is_some());
         assert!(a.idempotent_hint.is_some() && a.open_world_hint.is_some());
@@ -187,12 +297,22 @@ async fn the_tool_surface_is_small_complete_and_annotated() {
     println!("tool surface a model reads: {model_reads} bytes");
     assert!(model_reads < 5 * 1024, "{model_reads} bytes");
     let hints = |name: &str| {
-        let a = tools.iter().find(|t| t.name == name).unwrap().annotations.clone().unwrap();
+        let a = tools
+            .iter()
+            .find(|t| t.name == name)
+            .unwrap()
+            .annotations
+            .clone()
+            .unwrap();
         (a.read_only_hint.unwrap(), a.destructive_hint.unwrap())
     };
     assert_eq!(hints("phone_search"), (true, false));
     assert_eq!(hints("phone_outbox"), (true, false));
-    assert_eq!(hints("phone_inbox"), (false, false), "a poll marks messages read");
+    assert_eq!(
+        hints("phone_inbox"),
+        (false, false),
+        "a poll marks messages read"
+    );
     assert_eq!(hints("phone_unregister"), (false, true));
     app.stop().await;
 }
@@ -208,11 +328,18 @@ async fn text_renderings_are_compact_not_a_second_copy_of_the_json() {
     }
     let result = call(&c, "phone_inbox", b.with(json!({}))).await;
     let text_len = text(&result).len();
-    let json_len = serde_json::to_string(result.structured_content.as_ref().unwrap()).unwrap().len();
+    let json_len = serde_json::to_string(result.structured_content.as_ref().unwrap())
+        .unwrap()
+        .len();
     println!("inbox of 3 messages: text {text_len} bytes, structuredContent {json_len} bytes");
     assert!(text_len < json_len, "text {text_len} vs json {json_len}");
     let rendered = text(&result);
-    for needle in ["from alice (project research)", "Subject: report 0", "msg_", "Revenue up 4%."] {
+    for needle in [
+        "from alice (project research)",
+        "Subject: report 0",
+        "msg_",
+        "Revenue up 4%.",
+    ] {
         assert!(rendered.contains(needle), "{needle} in {rendered}");
     }
     app.stop().await;
@@ -246,7 +373,13 @@ async fn unsupported_protocol_versions_get_the_specified_errors() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     let body: Value = r.json().await.unwrap();
-    let version = body["result"]["protocolVersion"].as_str().unwrap().to_owned();
-    assert!(["2025-03-26", "2025-06-18", "2025-11-25"].contains(&version.as_str()), "{version}");
+    let version = body["result"]["protocolVersion"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        ["2025-03-26", "2025-06-18", "2025-11-25"].contains(&version.as_str()),
+        "{version}"
+    );
     app.stop().await;
 }

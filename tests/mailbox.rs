@@ -16,17 +16,38 @@ async fn the_whole_flow_from_register_to_reply() {
     let coder_machine = app.client().await;
 
     // 1. "email" registers and gets a token, shown once.
-    let email = register(&email_machine, "email", "Email assistant with access to all Fortea mail", "hassing").await;
+    let email = register(
+        &email_machine,
+        "email",
+        "Email assistant with access to all Fortea mail",
+        "hassing",
+    )
+    .await;
     assert!(email.token.starts_with("phn_"));
-    let coder = register(&coder_machine, "coder", "Writes and reviews Rust code", "kodo").await;
+    let coder = register(
+        &coder_machine,
+        "coder",
+        "Writes and reviews Rust code",
+        "kodo",
+    )
+    .await;
     // Some noise in the directory.
-    register(&coder_machine, "calendar", "Manages meetings and calendar invites", "hassing").await;
+    register(
+        &coder_machine,
+        "calendar",
+        "Manages meetings and calendar invites",
+        "hassing",
+    )
+    .await;
     register(&coder_machine, "mailroom", "Sorts incoming letters", "post").await;
 
     // 2. "coder" finds "email", ranked first, by name and by what it does.
     for query in ["email", "invoice mail", "Fortea mail"] {
         let found = ok(&coder_machine, "phone_search", json!({"query": query})).await;
-        assert_eq!(found["agents"][0]["name"], "email", "query {query:?}: {found}");
+        assert_eq!(
+            found["agents"][0]["name"], "email",
+            "query {query:?}: {found}"
+        );
         assert_eq!(found["agents"][0]["project"], "hassing");
     }
 
@@ -62,7 +83,11 @@ async fn the_whole_flow_from_register_to_reply() {
     assert!(m["read_at"].is_string());
     assert_eq!(inbox["unread_remaining"], 0);
     let again = ok(&email_machine, "phone_inbox", email.with(json!({}))).await;
-    assert_eq!(again["messages"].as_array().unwrap().len(), 0, "a read message is not delivered twice");
+    assert_eq!(
+        again["messages"].as_array().unwrap().len(),
+        0,
+        "a read message is not delivered twice"
+    );
 
     let reply = ok(
         &email_machine,
@@ -70,7 +95,10 @@ async fn the_whole_flow_from_register_to_reply() {
         email.with(json!({"reply_to": question_id, "body": "Found 3 invoices; summary attached."})),
     )
     .await;
-    assert_eq!(reply["to"], "coder", "reply_to defaults `to` to the other party");
+    assert_eq!(
+        reply["to"], "coder",
+        "reply_to defaults `to` to the other party"
+    );
     assert_eq!(reply["thread_id"], question_id.as_str());
 
     let answers = ok(&coder_machine, "phone_inbox", coder.with(json!({}))).await;
@@ -80,13 +108,30 @@ async fn the_whole_flow_from_register_to_reply() {
     assert_eq!(answer["thread_id"], question_id.as_str());
 
     // The text rendering names sender and project and fences the body as data.
-    let result = call(&coder_machine, "phone_inbox", coder.with(json!({"include_read": true}))).await;
+    let result = call(
+        &coder_machine,
+        "phone_inbox",
+        coder.with(json!({"include_read": true})),
+    )
+    .await;
     let rendered = text(&result);
-    assert!(rendered.contains("from email (project hassing)"), "{rendered}");
-    assert!(rendered.contains("<message from=\"email\">\nFound 3 invoices"), "{rendered}");
+    assert!(
+        rendered.contains("from email (project hassing)"),
+        "{rendered}"
+    );
+    assert!(
+        rendered.contains("<message from=\"email\">\nFound 3 invoices"),
+        "{rendered}"
+    );
 
     // Tokens are stored only as SHA-256 digests.
-    let row = db.query_one("SELECT token_hash, agents::text AS whole FROM agents WHERE name = 'email'", &[]).await.unwrap();
+    let row = db
+        .query_one(
+            "SELECT token_hash, agents::text AS whole FROM agents WHERE name = 'email'",
+            &[],
+        )
+        .await
+        .unwrap();
     let hash: Vec<u8> = row.get("token_hash");
     assert_eq!(hash, Sha256::digest(email.token.as_bytes()).to_vec());
     let whole: String = row.get("whole");
@@ -103,7 +148,12 @@ async fn the_flow_over_protocol_2026_07_28_with_bearer_headers() {
 
     let as_coder = app.modern_client(Some(&coder.token)).await;
     let as_email = app.modern_client(Some(&email.token)).await;
-    let sent = ok(&as_coder, "phone_send", json!({"to": "email", "body": "hello"})).await;
+    let sent = ok(
+        &as_coder,
+        "phone_send",
+        json!({"to": "email", "body": "hello"}),
+    )
+    .await;
     // `name` is optional with a header, and must match when given.
     let inbox = ok(&as_email, "phone_inbox", json!({"name": "EMAIL"})).await;
     assert_eq!(inbox["messages"][0]["id"], sent["id"]);
@@ -125,7 +175,12 @@ async fn registering_again_needs_the_token() {
     assert_eq!(email.name, "email", "names are lowercased");
 
     for taken in ["email", "EMAIL", " eMail "] {
-        let err = tool_err(&c, "phone_register", json!({"name": taken, "description": "impostor", "project": "x"})).await;
+        let err = tool_err(
+            &c,
+            "phone_register",
+            json!({"name": taken, "description": "impostor", "project": "x"}),
+        )
+        .await;
         assert!(err.starts_with("name already registered"), "{err}");
     }
     let other = register(&c, "other", "Someone else", "x").await;
@@ -151,7 +206,10 @@ async fn registering_again_needs_the_token() {
     )
     .await;
     assert_eq!(updated["created"], false);
-    assert!(updated.get("token").is_none(), "a token is only ever shown when issued");
+    assert!(
+        updated.get("token").is_none(),
+        "a token is only ever shown when issued"
+    );
     let found = ok(&c, "phone_search", json!({"query": "calendars"})).await;
     assert_eq!(found["agents"][0]["name"], "email");
     assert_eq!(found["agents"][0]["project"], "fortea");
@@ -166,12 +224,23 @@ async fn search_ranks_stems_prefixes_filters_and_pages() {
     let c = app.client().await;
     register(&c, "billing", "Handles invoices and payments", "finance").await;
     register(&c, "mailer", "Sends mail and newsletters", "growth").await;
-    register(&c, "invoice-mail", "Reads invoice mail for accounting", "finance").await;
+    register(
+        &c,
+        "invoice-mail",
+        "Reads invoice mail for accounting",
+        "finance",
+    )
+    .await;
     register(&c, "archivist", "Keeps mail archives", "ops").await;
     register(&c, "invoice", "Legacy bot", "ops").await;
 
     let names = |v: &Value| -> Vec<String> {
-        v["agents"].as_array().unwrap().iter().map(|a| a["name"].as_str().unwrap().to_owned()).collect()
+        v["agents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["name"].as_str().unwrap().to_owned())
+            .collect()
     };
     // An exact name first, then agents matching all words, then some.
     let r = ok(&c, "phone_search", json!({"query": "invoice"})).await;
@@ -179,7 +248,10 @@ async fn search_ranks_stems_prefixes_filters_and_pages() {
     let r = ok(&c, "phone_search", json!({"query": "invoice mail"})).await;
     let n = names(&r);
     assert_eq!(n[0], "invoice-mail", "{r}");
-    assert!(n.contains(&"billing".to_owned()) && n.contains(&"mailer".to_owned()), "some-words matches follow: {n:?}");
+    assert!(
+        n.contains(&"billing".to_owned()) && n.contains(&"mailer".to_owned()),
+        "some-words matches follow: {n:?}"
+    );
     let all_pos = n.iter().position(|x| x == "invoice-mail").unwrap();
     let some_pos = n.iter().position(|x| x == "mailer").unwrap();
     assert!(all_pos < some_pos);
@@ -191,7 +263,12 @@ async fn search_ranks_stems_prefixes_filters_and_pages() {
     let r = ok(&c, "phone_search", json!({"query": "archiv"})).await;
     assert_eq!(names(&r), ["archivist"]);
     // Project filter, with and without a query.
-    let r = ok(&c, "phone_search", json!({"query": "invoice", "project": "finance"})).await;
+    let r = ok(
+        &c,
+        "phone_search",
+        json!({"query": "invoice", "project": "finance"}),
+    )
+    .await;
     let mut n = names(&r);
     n.sort();
     assert_eq!(n, ["billing", "invoice-mail"]);
@@ -212,13 +289,30 @@ async fn search_ranks_stems_prefixes_filters_and_pages() {
             None => break,
         }
     }
-    assert_eq!(seen, ["archivist", "billing", "invoice", "invoice-mail", "mailer"]);
+    assert_eq!(
+        seen,
+        ["archivist", "billing", "invoice", "invoice-mail", "mailer"]
+    );
     // Results never carry secrets.
     let r = ok(&c, "phone_search", json!({})).await;
     for agent in r["agents"].as_array().unwrap() {
-        let mut keys: Vec<&str> = agent.as_object().unwrap().keys().map(String::as_str).collect();
+        let mut keys: Vec<&str> = agent
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
         keys.sort();
-        assert_eq!(keys, ["description", "last_seen_at", "name", "project", "registered_at"]);
+        assert_eq!(
+            keys,
+            [
+                "description",
+                "last_seen_at",
+                "name",
+                "project",
+                "registered_at"
+            ]
+        );
     }
     app.stop().await;
 }
@@ -246,9 +340,16 @@ async fn hostile_search_text_is_only_data() {
         assert_ne!(result.is_error, Some(true), "{query:?}: {}", text(&result));
     }
     let r = ok(&c, "phone_search", json!({"query": "billing & !"})).await;
-    assert_eq!(r["agents"][0]["name"], "billing", "operators are separators, words still match");
+    assert_eq!(
+        r["agents"][0]["name"], "billing",
+        "operators are separators, words still match"
+    );
     let r = ok(&c, "phone_search", json!({})).await;
-    assert_eq!(r["agents"].as_array().unwrap().len(), 1, "nothing was dropped");
+    assert_eq!(
+        r["agents"].as_array().unwrap().len(),
+        1,
+        "nothing was dropped"
+    );
     app.stop().await;
 }
 
@@ -260,30 +361,77 @@ async fn replies_share_the_thread_and_only_participants_may_reply() {
     let b = register(&c, "bob", "B", "p").await;
     let eve = register(&c, "eve", "E", "p").await;
 
-    let first = ok(&c, "phone_send", a.with(json!({"to": "bob", "body": "one", "subject": "plan"}))).await;
+    let first = ok(
+        &c,
+        "phone_send",
+        a.with(json!({"to": "bob", "body": "one", "subject": "plan"})),
+    )
+    .await;
     let first_id = first["id"].as_str().unwrap();
-    let second = ok(&c, "phone_send", b.with(json!({"reply_to": first_id, "body": "two"}))).await;
+    let second = ok(
+        &c,
+        "phone_send",
+        b.with(json!({"reply_to": first_id, "body": "two"})),
+    )
+    .await;
     assert_eq!(second["to"], "alice");
     // The original sender may follow up on its own message too.
-    let third = ok(&c, "phone_send", a.with(json!({"reply_to": second["id"], "body": "three"}))).await;
+    let third = ok(
+        &c,
+        "phone_send",
+        a.with(json!({"reply_to": second["id"], "body": "three"})),
+    )
+    .await;
     assert_eq!(third["to"], "bob");
     assert_eq!(third["thread_id"], first_id);
-    let explicit = ok(&c, "phone_send", b.with(json!({"reply_to": third["id"], "to": "alice", "body": "four"}))).await;
+    let explicit = ok(
+        &c,
+        "phone_send",
+        b.with(json!({"reply_to": third["id"], "to": "alice", "body": "four"})),
+    )
+    .await;
     assert_eq!(explicit["thread_id"], first_id);
 
     // A third agent cannot reply into the conversation, nor learn it exists.
-    let err = tool_err(&c, "phone_send", eve.with(json!({"reply_to": first_id, "body": "hi"}))).await;
-    assert!(err.contains("not found among the messages you sent or received"), "{err}");
-    let err = tool_err(&c, "phone_send", a.with(json!({"reply_to": "msg_999999", "body": "hi"}))).await;
+    let err = tool_err(
+        &c,
+        "phone_send",
+        eve.with(json!({"reply_to": first_id, "body": "hi"})),
+    )
+    .await;
+    assert!(
+        err.contains("not found among the messages you sent or received"),
+        "{err}"
+    );
+    let err = tool_err(
+        &c,
+        "phone_send",
+        a.with(json!({"reply_to": "msg_999999", "body": "hi"})),
+    )
+    .await;
     assert!(err.contains("msg_999999 not found"), "{err}");
-    let err = tool_err(&c, "phone_send", a.with(json!({"reply_to": first_id, "to": "eve", "body": "hi"}))).await;
+    let err = tool_err(
+        &c,
+        "phone_send",
+        a.with(json!({"reply_to": first_id, "to": "eve", "body": "hi"})),
+    )
+    .await;
     assert!(err.contains("conversation with 'bob'"), "{err}");
-    let err = tool_err(&c, "phone_send", a.with(json!({"reply_to": "42", "body": "hi"}))).await;
+    let err = tool_err(
+        &c,
+        "phone_send",
+        a.with(json!({"reply_to": "42", "body": "hi"})),
+    )
+    .await;
     assert!(err.contains("not a message id"), "{err}");
 
     let bob_inbox = ok(&c, "phone_inbox", b.with(json!({}))).await;
-    let threads: HashSet<&str> =
-        bob_inbox["messages"].as_array().unwrap().iter().map(|m| m["thread_id"].as_str().unwrap()).collect();
+    let threads: HashSet<&str> = bob_inbox["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["thread_id"].as_str().unwrap())
+        .collect();
     assert_eq!(threads, HashSet::from([first_id]));
     assert_eq!(bob_inbox["messages"][0]["subject"], "plan");
     app.stop().await;
@@ -304,13 +452,35 @@ async fn idempotent_send_replays_instead_of_duplicating() {
     assert_eq!(first["id"], second["id"]);
     assert_eq!(first["sent_at"], second["sent_at"]);
 
-    let err = tool_err(&c, "phone_send", a.with(json!({"to": "bob", "body": "pay invoice 8", "idempotency_key": "inv-7"}))).await;
-    assert!(err.contains("already used for a different message"), "{err}");
+    let err = tool_err(
+        &c,
+        "phone_send",
+        a.with(json!({"to": "bob", "body": "pay invoice 8", "idempotency_key": "inv-7"})),
+    )
+    .await;
+    assert!(
+        err.contains("already used for a different message"),
+        "{err}"
+    );
     // Keys are per sender: another agent may use the same key.
-    let b = Agent { name: "bob".into(), token: bob.token };
-    let from_bob = ok(&c, "phone_send", b.with(json!({"to": "alice", "body": "pay invoice 7", "idempotency_key": "inv-7"}))).await;
+    let b = Agent {
+        name: "bob".into(),
+        token: bob.token,
+    };
+    let from_bob = ok(
+        &c,
+        "phone_send",
+        b.with(json!({"to": "alice", "body": "pay invoice 7", "idempotency_key": "inv-7"})),
+    )
+    .await;
     assert_eq!(from_bob["replayed"], false);
-    let count: i64 = app.db().await.query_one("SELECT count(*) FROM messages", &[]).await.unwrap().get(0);
+    let count: i64 = app
+        .db()
+        .await
+        .query_one("SELECT count(*) FROM messages", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(count, 2);
     app.stop().await;
 }
@@ -326,7 +496,9 @@ async fn concurrent_sends_with_one_idempotency_key_store_one_message() {
     for _ in 0..16 {
         let client = app.client().await;
         let args = a.with(json!({"to": "bob", "body": "once", "idempotency_key": "k-1"}));
-        tasks.push(tokio::spawn(async move { ok(&client, "phone_send", args).await }));
+        tasks.push(tokio::spawn(async move {
+            ok(&client, "phone_send", args).await
+        }));
     }
     let mut ids = HashSet::new();
     let mut fresh = 0;
@@ -339,7 +511,13 @@ async fn concurrent_sends_with_one_idempotency_key_store_one_message() {
     }
     assert_eq!(ids.len(), 1, "every caller sees the same message");
     assert_eq!(fresh, 1, "exactly one call sent it");
-    let count: i64 = app.db().await.query_one("SELECT count(*) FROM messages", &[]).await.unwrap().get(0);
+    let count: i64 = app
+        .db()
+        .await
+        .query_one("SELECT count(*) FROM messages", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(count, 1);
     app.stop().await;
 }
@@ -351,16 +529,29 @@ async fn inbox_marks_read_peeks_and_shows_history() {
     let a = register(&c, "alice", "A", "p").await;
     let b = register(&c, "bob", "B", "p").await;
     for i in 0..5 {
-        ok(&c, "phone_send", a.with(json!({"to": "bob", "body": format!("m{i}")}))).await;
+        ok(
+            &c,
+            "phone_send",
+            a.with(json!({"to": "bob", "body": format!("m{i}")})),
+        )
+        .await;
     }
     let bodies = |v: &Value| -> Vec<String> {
-        v["messages"].as_array().unwrap().iter().map(|m| m["body"].as_str().unwrap().to_owned()).collect()
+        v["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["body"].as_str().unwrap().to_owned())
+            .collect()
     };
 
     let peek = ok(&c, "phone_inbox", b.with(json!({"peek": true, "limit": 2}))).await;
     assert_eq!(bodies(&peek), ["m0", "m1"]);
     assert!(peek["messages"][0]["read_at"].is_null());
-    assert_eq!(peek["unread_remaining"], 5, "a peek leaves everything waiting");
+    assert_eq!(
+        peek["unread_remaining"], 5,
+        "a peek leaves everything waiting"
+    );
 
     let first = ok(&c, "phone_inbox", b.with(json!({"limit": 2}))).await;
     assert_eq!(bodies(&first), ["m0", "m1"], "oldest unread first");
@@ -371,7 +562,12 @@ async fn inbox_marks_read_peeks_and_shows_history() {
 
     ok(&c, "phone_send", a.with(json!({"to": "bob", "body": "m5"}))).await;
     // History: newest first, read and unread, and it marks nothing.
-    let history = ok(&c, "phone_inbox", b.with(json!({"include_read": true, "limit": 3}))).await;
+    let history = ok(
+        &c,
+        "phone_inbox",
+        b.with(json!({"include_read": true, "limit": 3})),
+    )
+    .await;
     assert_eq!(bodies(&history), ["m5", "m4", "m3"]);
     assert!(history["messages"][0]["read_at"].is_null());
     assert!(history["messages"][1]["read_at"].is_string());
@@ -460,7 +656,13 @@ async fn four_concurrent_pollers_get_every_message_exactly_once() {
     }
     // Whatever the pollers left (if they gave up early) is still waiting.
     let leftover = ok(&c, "phone_inbox", b.with(json!({"limit": 100}))).await;
-    all.extend(leftover["messages"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap().to_owned()));
+    all.extend(
+        leftover["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap().to_owned()),
+    );
     let unique: HashSet<&String> = all.iter().collect();
     assert_eq!(unique.len(), all.len(), "a message was delivered twice");
     assert_eq!(all.len(), TOTAL, "every message delivered");

@@ -24,20 +24,37 @@ async fn failed_authentication_is_limited_per_address_across_replicas() {
     }
     // ...the fifth, on either replica, hits the shared limit.
     let err = tool_err(&c2, "phone_inbox", json!({"token": forged(9)})).await;
-    assert!(err.starts_with("too many failed authentication attempts from here; retry after"), "{err}");
+    assert!(
+        err.starts_with("too many failed authentication attempts from here; retry after"),
+        "{err}"
+    );
     // That replica now refuses this address without asking the database,
     // even with a valid token, until the window ends.
     let err = tool_err(&c2, "phone_inbox", alice.with(json!({}))).await;
-    assert!(err.starts_with("too many failed authentication attempts"), "{err}");
-    let err = tool_err(&c1, "phone_send", json!({"token": forged(10), "to": "alice", "body": "x"})).await;
-    assert!(err.starts_with("too many failed authentication attempts"), "{err}");
+    assert!(
+        err.starts_with("too many failed authentication attempts"),
+        "{err}"
+    );
+    let err = tool_err(
+        &c1,
+        "phone_send",
+        json!({"token": forged(10), "to": "alice", "body": "x"}),
+    )
+    .await;
+    assert!(
+        err.starts_with("too many failed authentication attempts"),
+        "{err}"
+    );
 
     // Searching needs no authentication and is unaffected.
     ok(&c1, "phone_search", json!({})).await;
     let hits: i32 = one
         .db()
         .await
-        .query_one("SELECT hits FROM rate_limits WHERE bucket = 'auth:addr:127.0.0.1'", &[])
+        .query_one(
+            "SELECT hits FROM rate_limits WHERE bucket = 'auth:addr:127.0.0.1'",
+            &[],
+        )
         .await
         .unwrap()
         .get(0);
@@ -50,7 +67,11 @@ async fn failed_authentication_is_limited_per_address_across_replicas() {
 async fn failures_against_one_name_are_limited_but_its_owner_still_gets_in() {
     // Per-name counting from many addresses cannot be simulated on loopback
     // without trusting X-Forwarded-For, which is what a proxy deployment does.
-    let app = spawn_app_with(&[("PHONE_AUTH_FAILURE_LIMIT", "3"), ("PHONE_TRUST_FORWARDED_FOR", "true")]).await;
+    let app = spawn_app_with(&[
+        ("PHONE_AUTH_FAILURE_LIMIT", "3"),
+        ("PHONE_TRUST_FORWARDED_FOR", "true"),
+    ])
+    .await;
     let c = app.client().await;
     let alice = register(&c, "alice", "A", "p").await;
     let http = reqwest::Client::new();
@@ -66,14 +87,31 @@ async fn failures_against_one_name_are_limited_but_its_owner_still_gets_in() {
     };
     let mut last = String::new();
     for i in 0..4 {
-        let r: serde_json::Value =
-            call(format!("192.0.2.{i}"), json!({"name": "alice", "token": forged(i)})).await.unwrap().json().await.unwrap();
-        last = r["result"]["content"][0]["text"].as_str().unwrap().to_owned();
+        let r: serde_json::Value = call(
+            format!("192.0.2.{i}"),
+            json!({"name": "alice", "token": forged(i)}),
+        )
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+        last = r["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .to_owned();
     }
-    assert!(last.starts_with("too many failed authentication attempts"), "{last}");
+    assert!(
+        last.starts_with("too many failed authentication attempts"),
+        "{last}"
+    );
     // The owner's valid token is never refused because others guessed at its name.
-    let r: serde_json::Value =
-        call("192.0.2.77".into(), alice.with(json!({}))).await.unwrap().json().await.unwrap();
+    let r: serde_json::Value = call("192.0.2.77".into(), alice.with(json!({})))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(r["result"]["isError"], false, "{r}");
     app.stop().await;
 }
@@ -84,12 +122,31 @@ async fn registrations_are_limited_per_address() {
     let c = app.client().await;
     let first = register(&c, "one", "d", "p").await;
     register(&c, "two", "d", "p").await;
-    let err = tool_err(&c, "phone_register", json!({"name": "three", "description": "d", "project": "p"})).await;
-    assert!(err.starts_with("too many registrations from here; retry after"), "{err}");
+    let err = tool_err(
+        &c,
+        "phone_register",
+        json!({"name": "three", "description": "d", "project": "p"}),
+    )
+    .await;
+    assert!(
+        err.starts_with("too many registrations from here; retry after"),
+        "{err}"
+    );
     // Updating an existing entry is not a new registration.
-    let updated = ok(&c, "phone_register", json!({"name": "one", "description": "new", "project": "p", "token": first.token})).await;
+    let updated = ok(
+        &c,
+        "phone_register",
+        json!({"name": "one", "description": "new", "project": "p", "token": first.token}),
+    )
+    .await;
     assert_eq!(updated["created"], false);
-    let count: i64 = app.db().await.query_one("SELECT count(*) FROM agents", &[]).await.unwrap().get(0);
+    let count: i64 = app
+        .db()
+        .await
+        .query_one("SELECT count(*) FROM agents", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(count, 2);
     app.stop().await;
 }
@@ -100,7 +157,12 @@ async fn no_tool_lets_one_agent_act_as_another() {
     let c = app.client().await;
     let alice = register(&c, "alice", "A", "p").await;
     let bob = register(&c, "bob", "B", "p").await;
-    let sent = ok(&c, "phone_send", alice.with(json!({"to": "bob", "body": "for bob only"}))).await;
+    let sent = ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "bob", "body": "for bob only"})),
+    )
+    .await;
     let id = sent["id"].as_str().unwrap();
     // Alice's token under Bob's name, for every tool that acts as Bob.
     let impostor = json!({"name": "bob", "token": alice.token});
@@ -116,11 +178,21 @@ async fn no_tool_lets_one_agent_act_as_another() {
         ("phone_unregister", json!({})),
     ] {
         let mut args = impostor.clone();
-        args.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        args.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
         let err = tool_err(&c, tool, args).await;
-        assert!(err.contains("belongs to a different agent"), "{tool}: {err}");
+        assert!(
+            err.contains("belongs to a different agent"),
+            "{tool}: {err}"
+        );
     }
-    let err = tool_err(&c, "phone_register", json!({"name": "bob", "description": "mine now", "project": "p", "token": alice.token})).await;
+    let err = tool_err(
+        &c,
+        "phone_register",
+        json!({"name": "bob", "description": "mine now", "project": "p", "token": alice.token}),
+    )
+    .await;
     assert!(err.contains("name already registered"), "{err}");
     // Bob's message is still unread and his entry unchanged.
     let inbox = ok(&c, "phone_inbox", bob.with(json!({}))).await;

@@ -74,18 +74,26 @@ fn text_of(value: &Option<AnyValue>) -> String {
 }
 
 fn attributes(kvs: &[KeyValue]) -> BTreeMap<String, String> {
-    kvs.iter().map(|kv| (kv.key.clone(), text_of(&kv.value))).collect()
+    kvs.iter()
+        .map(|kv| (kv.key.clone(), text_of(&kv.value)))
+        .collect()
 }
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-async fn traces(State(got): State<Shared>, body: Bytes) -> (StatusCode, [(&'static str, &'static str); 1]) {
+async fn traces(
+    State(got): State<Shared>,
+    body: Bytes,
+) -> (StatusCode, [(&'static str, &'static str); 1]) {
     let request = ExportTraceServiceRequest::decode(body).expect("OTLP traces decode as protobuf");
     let mut got = got.lock().unwrap();
     for rs in request.resource_spans {
-        let resource = rs.resource.map(|r| attributes(&r.attributes)).unwrap_or_default();
+        let resource = rs
+            .resource
+            .map(|r| attributes(&r.attributes))
+            .unwrap_or_default();
         for ss in rs.scope_spans {
             for span in ss.spans {
                 got.spans.push(SpanRecord {
@@ -104,15 +112,23 @@ async fn traces(State(got): State<Shared>, body: Bytes) -> (StatusCode, [(&'stat
     (StatusCode::OK, [("content-type", "application/x-protobuf")])
 }
 
-async fn metrics(State(got): State<Shared>, body: Bytes) -> (StatusCode, [(&'static str, &'static str); 1]) {
-    let request = ExportMetricsServiceRequest::decode(body).expect("OTLP metrics decode as protobuf");
+async fn metrics(
+    State(got): State<Shared>,
+    body: Bytes,
+) -> (StatusCode, [(&'static str, &'static str); 1]) {
+    let request =
+        ExportMetricsServiceRequest::decode(body).expect("OTLP metrics decode as protobuf");
     let mut got = got.lock().unwrap();
     for rm in request.resource_metrics {
         for sm in rm.scope_metrics {
             for metric in sm.metrics {
                 let name = metric.name.clone();
                 let mut push = |attrs: &[KeyValue], value: f64| {
-                    got.points.push(Point { metric: name.clone(), attributes: attributes(attrs), value })
+                    got.points.push(Point {
+                        metric: name.clone(),
+                        attributes: attributes(attrs),
+                        value,
+                    })
                 };
                 let number = |v: &Option<number_data_point::Value>| match v {
                     Some(number_data_point::Value::AsDouble(d)) => *d,
@@ -120,9 +136,18 @@ async fn metrics(State(got): State<Shared>, body: Bytes) -> (StatusCode, [(&'sta
                     None => f64::NAN,
                 };
                 match &metric.data {
-                    Some(Data::Sum(s)) => s.data_points.iter().for_each(|p| push(&p.attributes, number(&p.value))),
-                    Some(Data::Gauge(g)) => g.data_points.iter().for_each(|p| push(&p.attributes, number(&p.value))),
-                    Some(Data::Histogram(h)) => h.data_points.iter().for_each(|p| push(&p.attributes, p.count as f64)),
+                    Some(Data::Sum(s)) => s
+                        .data_points
+                        .iter()
+                        .for_each(|p| push(&p.attributes, number(&p.value))),
+                    Some(Data::Gauge(g)) => g
+                        .data_points
+                        .iter()
+                        .for_each(|p| push(&p.attributes, number(&p.value))),
+                    Some(Data::Histogram(h)) => h
+                        .data_points
+                        .iter()
+                        .for_each(|p| push(&p.attributes, p.count as f64)),
                     _ => {}
                 }
             }
@@ -153,7 +178,8 @@ async fn eventually<T>(got: &Shared, what: &str, check: impl Fn(&Received) -> Op
         if Instant::now() > deadline {
             let got = got.lock().unwrap();
             let spans: Vec<_> = got.spans.iter().map(|s| (&s.name, &s.attributes)).collect();
-            let metrics: std::collections::BTreeSet<_> = got.points.iter().map(|p| &p.metric).collect();
+            let metrics: std::collections::BTreeSet<_> =
+                got.points.iter().map(|p| &p.metric).collect();
             panic!("never received {what}\nspans: {spans:#?}\nmetrics: {metrics:?}");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -163,7 +189,9 @@ async fn eventually<T>(got: &Shared, what: &str, check: impl Fn(&Received) -> Op
 fn has_point(got: &Received, metric: &str, attrs: &[(&str, &str)], at_least: f64) -> bool {
     got.points.iter().any(|p| {
         p.metric == metric
-            && attrs.iter().all(|(k, v)| p.attributes.get(*k).map(String::as_str) == Some(*v))
+            && attrs
+                .iter()
+                .all(|(k, v)| p.attributes.get(*k).map(String::as_str) == Some(*v))
             && p.value >= at_least
     })
 }
@@ -171,7 +199,9 @@ fn has_point(got: &Received, metric: &str, attrs: &[(&str, &str)], at_least: f64
 // ------------------------------------------------------------ raw requests
 
 fn random_hex(bytes: usize) -> String {
-    (0..bytes).map(|_| format!("{:02x}", rand::random::<u8>())).collect()
+    (0..bytes)
+        .map(|_| format!("{:02x}", rand::random::<u8>()))
+        .collect()
 }
 
 async fn raw_call(app: &TestApp, traceparent: Option<&str>, tool: &str, args: Value) -> Value {
@@ -184,7 +214,11 @@ async fn raw_call(app: &TestApp, traceparent: Option<&str>, tool: &str, args: Va
         request = request.header("traceparent", tp);
     }
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": tool, "arguments": args}});
-    let response = request.body(body.to_string()).send().await.expect("request reaches the server");
+    let response = request
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("request reaches the server");
     assert_eq!(response.status(), 200);
     response.json().await.expect("a JSON-RPC response")
 }
@@ -195,7 +229,13 @@ async fn raw_call(app: &TestApp, traceparent: Option<&str>, tool: &str, args: Va
 /// subscriber), and returns its stdout.
 fn run_child(scenario: &str, env: &[(&str, &str)]) -> String {
     let mut command = Command::new(std::env::current_exe().unwrap());
-    command.args(["--exact", "child_process", "--nocapture", "--test-threads", "1"]);
+    command.args([
+        "--exact",
+        "child_process",
+        "--nocapture",
+        "--test-threads",
+        "1",
+    ]);
     for (key, _) in std::env::vars() {
         if key.starts_with("OTEL_") {
             command.env_remove(key);
@@ -208,7 +248,10 @@ fn run_child(scenario: &str, env: &[(&str, &str)]) -> String {
     let output = command.output().expect("the test binary runs as a child");
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "child {scenario} failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(
+        output.status.success(),
+        "child {scenario} failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
     stdout
 }
 
@@ -248,19 +291,33 @@ fn without_otel_variables_nothing_is_exported_and_logs_carry_trace_ids() {
     let traceparent = format!("00-{trace_id}-{}-01", random_hex(8));
 
     let stdout = run_child("off-json", &[("TEST_TRACEPARENT", &traceparent)]);
-    let lines: Vec<Value> =
-        stdout.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).expect("JSON log line")).collect();
-    let finished: Vec<&Value> = lines.iter().filter(|l| l["message"] == "finished request").collect();
+    let lines: Vec<Value> = stdout
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).expect("JSON log line"))
+        .collect();
+    let finished: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["message"] == "finished request")
+        .collect();
     assert!(finished.len() >= 2, "{stdout}");
     // The caller's trace id is adopted; a request without one gets a new one.
-    assert!(finished.iter().any(|l| l["trace_id"] == trace_id.as_str()), "{stdout}");
     assert!(
-        finished.iter().any(|l| l["trace_id"].as_str().is_some_and(|t| t.len() == 32 && t != trace_id)),
+        finished.iter().any(|l| l["trace_id"] == trace_id.as_str()),
+        "{stdout}"
+    );
+    assert!(
+        finished.iter().any(|l| l["trace_id"]
+            .as_str()
+            .is_some_and(|t| t.len() == 32 && t != trace_id)),
         "{stdout}"
     );
     // Every line logged inside a span of a request carries a trace id.
     for line in lines.iter().filter(|l| l.get("span").is_some()) {
-        assert!(line["trace_id"].as_str().is_some_and(|t| t.len() == 32), "no trace id: {line}");
+        assert!(
+            line["trace_id"].as_str().is_some_and(|t| t.len() == 32),
+            "no trace id: {line}"
+        );
     }
 
     let stdout = run_child("off-text", &[("TEST_TRACEPARENT", &traceparent)]);
@@ -269,13 +326,17 @@ fn without_otel_variables_nothing_is_exported_and_logs_carry_trace_ids() {
         .find(|l| l.contains("finished request") && l.contains(&trace_id))
         .unwrap_or_else(|| panic!("no text line with the trace id:\n{stdout}"));
     assert!(line.contains(&format!("trace_id={trace_id}")), "{line}");
-    assert!(!line.contains("otel."), "OpenTelemetry steering fields stay out of the log: {line}");
+    assert!(
+        !line.contains("otel."),
+        "OpenTelemetry steering fields stay out of the log: {line}"
+    );
 }
 
 // -------------------------------------------------------------- scenarios
 
 async fn off_scenario(format: LogFormat) {
-    let config = TelemetryConfig::from_env("warn,phone=debug", format).expect("valid telemetry config");
+    let config =
+        TelemetryConfig::from_env("warn,phone=debug", format).expect("valid telemetry config");
     assert!(config.otlp.is_none(), "no OTEL variables: no export");
     let telemetry = telemetry::init_with(config).expect("telemetry installs");
     assert!(!telemetry.exporting());
@@ -287,10 +348,19 @@ async fn off_scenario(format: LogFormat) {
     raw_call(&app, None, "phone_search", json!({"query": "nobody"})).await;
     let client = app.client().await;
     let a = register(&client, "off-alice", "test agent", "otel").await;
-    ok(&client, "phone_send", a.with(json!({"to": "off-alice", "body": "hello"}))).await;
+    ok(
+        &client,
+        "phone_send",
+        a.with(json!({"to": "off-alice", "body": "hello"})),
+    )
+    .await;
     client.cancel().await.unwrap();
 
-    assert_eq!(telemetry_threads(), Vec::<String>::new(), "no exporter threads without OTEL variables");
+    assert_eq!(
+        telemetry_threads(),
+        Vec::<String>::new(),
+        "no exporter threads without OTEL variables"
+    );
     app.stop().await;
 }
 
@@ -331,7 +401,12 @@ async fn export_scenario() {
     let inbox = ok(&client, "phone_inbox", bob.with(json!({}))).await;
     assert_eq!(inbox["messages"].as_array().unwrap().len(), 1);
     let wrong = format!("phn_{}", "A".repeat(43));
-    tool_err(&client, "phone_send", json!({"name": "alice", "token": wrong, "to": "bob", "body": "x"})).await;
+    tool_err(
+        &client,
+        "phone_send",
+        json!({"name": "alice", "token": wrong, "to": "bob", "body": "x"}),
+    )
+    .await;
 
     // A long poll shows up as a waiter until mail wakes it.
     let poll = {
@@ -339,34 +414,59 @@ async fn export_scenario() {
         let args = bob.with(json!({"wait_seconds": 20}));
         tokio::spawn(async move { ok(&client, "phone_inbox", args).await })
     };
-    eventually(&got, "a waiter", |g| has_point(g, "phone.inbox.waiters", &[], 1.0).then_some(())).await;
-    ok(&client, "phone_send", alice.with(json!({"to": "bob", "body": "wake up"}))).await;
+    eventually(&got, "a waiter", |g| {
+        has_point(g, "phone.inbox.waiters", &[], 1.0).then_some(())
+    })
+    .await;
+    ok(
+        &client,
+        "phone_send",
+        alice.with(json!({"to": "bob", "body": "wake up"})),
+    )
+    .await;
     let woken = poll.await.unwrap();
     assert_eq!(woken["messages"][0]["body"], "wake up");
 
     // ---- spans
     let server = eventually(&got, "the server span of the traced request", |g| {
-        g.spans.iter().find(|s| s.trace_id == trace_id && s.kind == 2).cloned()
+        g.spans
+            .iter()
+            .find(|s| s.trace_id == trace_id && s.kind == 2)
+            .cloned()
     })
     .await;
     assert_eq!(server.name, "POST /mcp");
-    assert_eq!(server.parent_span_id, parent_id, "the caller's span is the parent");
+    assert_eq!(
+        server.parent_span_id, parent_id,
+        "the caller's span is the parent"
+    );
     assert_eq!(server.attributes["http.route"], "/mcp");
     assert_eq!(server.attributes["http.request.method"], "POST");
     assert_eq!(server.attributes["http.response.status_code"], "200");
     assert_eq!(server.service_name, "phone");
 
     let tool = eventually(&got, "the tool span under it", |g| {
-        g.spans.iter().find(|s| s.trace_id == trace_id && s.name == "tools/call phone_send").cloned()
+        g.spans
+            .iter()
+            .find(|s| s.trace_id == trace_id && s.name == "tools/call phone_send")
+            .cloned()
     })
     .await;
-    assert_eq!(tool.parent_span_id, server.span_id, "tool span nests in the request span");
+    assert_eq!(
+        tool.parent_span_id, server.span_id,
+        "tool span nests in the request span"
+    );
     assert_eq!(tool.attributes["tool"], "phone_send");
     assert_eq!(tool.attributes["agent"], "alice");
     assert_eq!(tool.attributes["outcome"], "ok");
 
     let db = eventually(&got, "database spans under the tool span", |g| {
-        let db: Vec<_> = g.spans.iter().filter(|s| s.parent_span_id == tool.span_id).cloned().collect();
+        let db: Vec<_> = g
+            .spans
+            .iter()
+            .filter(|s| s.parent_span_id == tool.span_id)
+            .cloned()
+            .collect();
         db.iter().any(|s| s.name == "INSERT messages").then_some(db)
     })
     .await;
@@ -381,7 +481,10 @@ async fn export_scenario() {
     assert!(insert.attributes["db.query.text"].contains("INSERT INTO messages"));
 
     let failed = eventually(&got, "the failed call's span", |g| {
-        g.spans.iter().find(|s| s.attributes.get("outcome").is_some_and(|o| o == "error")).cloned()
+        g.spans
+            .iter()
+            .find(|s| s.attributes.get("outcome").is_some_and(|o| o == "error"))
+            .cloned()
     })
     .await;
     assert_eq!(failed.attributes["error.kind"], "unauthenticated");
@@ -393,7 +496,11 @@ async fn export_scenario() {
         for span in &got.spans {
             for (key, value) in &span.attributes {
                 for secret in [&alice.token, &bob.token, &wrong, &secret_body] {
-                    assert!(!value.contains(secret.as_str()), "{key} of {} leaks a secret", span.name);
+                    assert!(
+                        !value.contains(secret.as_str()),
+                        "{key} of {} leaks a secret",
+                        span.name
+                    );
                 }
             }
         }
@@ -401,17 +508,64 @@ async fn export_scenario() {
 
     // ---- metrics
     let checks: &[(&str, &[(&str, &str)], f64)] = &[
-        ("phone.tool.calls", &[("tool", "phone_send"), ("outcome", "ok")], 2.0),
-        ("phone.tool.calls", &[("tool", "phone_send"), ("outcome", "error"), ("error.kind", "unauthenticated")], 1.0),
-        ("phone.tool.calls", &[("tool", "phone_register"), ("outcome", "ok")], 2.0),
-        ("phone.tool.duration", &[("tool", "phone_inbox"), ("outcome", "ok")], 2.0),
-        ("http.server.request.duration", &[("http.route", "/mcp"), ("http.request.method", "POST"), ("http.response.status_code", "200")], 5.0),
+        (
+            "phone.tool.calls",
+            &[("tool", "phone_send"), ("outcome", "ok")],
+            2.0,
+        ),
+        (
+            "phone.tool.calls",
+            &[
+                ("tool", "phone_send"),
+                ("outcome", "error"),
+                ("error.kind", "unauthenticated"),
+            ],
+            1.0,
+        ),
+        (
+            "phone.tool.calls",
+            &[("tool", "phone_register"), ("outcome", "ok")],
+            2.0,
+        ),
+        (
+            "phone.tool.duration",
+            &[("tool", "phone_inbox"), ("outcome", "ok")],
+            2.0,
+        ),
+        (
+            "http.server.request.duration",
+            &[
+                ("http.route", "/mcp"),
+                ("http.request.method", "POST"),
+                ("http.response.status_code", "200"),
+            ],
+            5.0,
+        ),
         ("phone.messages.sent", &[], 2.0),
         ("phone.messages.read", &[("mode", "read")], 2.0),
-        ("db.client.operation.duration", &[("db.operation.name", "INSERT"), ("db.collection.name", "messages")], 2.0),
-        ("db.client.connection.wait_time", &[("db.client.connection.pool.name", "phone")], 1.0),
-        ("db.client.connection.count", &[("db.client.connection.state", "idle")], 1.0),
-        ("db.client.connection.count", &[("db.client.connection.state", "used")], 0.0),
+        (
+            "db.client.operation.duration",
+            &[
+                ("db.operation.name", "INSERT"),
+                ("db.collection.name", "messages"),
+            ],
+            2.0,
+        ),
+        (
+            "db.client.connection.wait_time",
+            &[("db.client.connection.pool.name", "phone")],
+            1.0,
+        ),
+        (
+            "db.client.connection.count",
+            &[("db.client.connection.state", "idle")],
+            1.0,
+        ),
+        (
+            "db.client.connection.count",
+            &[("db.client.connection.state", "used")],
+            0.0,
+        ),
         ("db.client.connection.max", &[], 8.0),
         ("db.client.connection.pending_requests", &[], 0.0),
         ("phone.inbox.waiters", &[], 0.0),
@@ -426,7 +580,10 @@ async fn export_scenario() {
     if std::env::var_os("TELEMETRY_TEST_DUMP").is_some() {
         let got = got.lock().unwrap();
         for s in &got.spans {
-            eprintln!("span {} kind={} trace={} id={} parent={} {:?}", s.name, s.kind, s.trace_id, s.span_id, s.parent_span_id, s.attributes);
+            eprintln!(
+                "span {} kind={} trace={} id={} parent={} {:?}",
+                s.name, s.kind, s.trace_id, s.span_id, s.parent_span_id, s.attributes
+            );
         }
         let mut latest = BTreeMap::new();
         for p in &got.points {
@@ -438,5 +595,7 @@ async fn export_scenario() {
     }
     client.cancel().await.unwrap();
     app.stop().await;
-    tokio::task::spawn_blocking(move || telemetry.shutdown()).await.unwrap();
+    tokio::task::spawn_blocking(move || telemetry.shutdown())
+        .await
+        .unwrap();
 }

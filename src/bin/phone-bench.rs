@@ -59,23 +59,23 @@ impl Mode {
         if quick {
             Mode {
                 name: "quick",
-                warmup: Duration::from_secs(1),
+                warmup: Duration::from_millis(700),
                 measure: Duration::from_secs(3),
-                pgbench_secs: 4,
+                pgbench_secs: 3,
                 search_sizes: vec![10_000, 100_000],
-                search_secs: Duration::from_millis(1500),
+                search_secs: Duration::from_millis(1000),
                 growth_small: 10_000,
                 growth_large: 1_000_000,
-                budget: Duration::from_secs(110),
+                budget: Duration::from_secs(115),
             }
         } else {
             Mode {
                 name: "full",
                 warmup: Duration::from_secs(2),
-                measure: Duration::from_secs(12),
-                pgbench_secs: 12,
+                measure: Duration::from_secs(10),
+                pgbench_secs: 10,
                 search_sizes: vec![10_000, 100_000, 1_000_000],
-                search_secs: Duration::from_secs(3),
+                search_secs: Duration::from_secs(2),
                 growth_small: 10_000,
                 growth_large: 10_000_000,
                 budget: Duration::from_secs(570),
@@ -98,7 +98,9 @@ fn main() -> ExitCode {
         Ok(o) => o,
         Err(e) => {
             eprintln!("phone-bench: {e}");
-            eprintln!("usage: phone-bench run [--quick] [--pg-port N] [--pg-dir DIR] [--out FILE] [--command TEXT] [--pool-size N] [--base-port N] [--only LIST]");
+            eprintln!(
+                "usage: phone-bench run [--quick] [--pg-port N] [--pg-dir DIR] [--out FILE] [--command TEXT] [--pool-size N] [--base-port N] [--only LIST]"
+            );
             return ExitCode::from(2);
         }
     };
@@ -144,8 +146,12 @@ fn parse_args() -> Result<Opts, String> {
             "--pg-bin" => o.pg_bin = PathBuf::from(value()?),
             "--out" => o.out = PathBuf::from(value()?),
             "--command" => o.command = value()?,
-            "--pool-size" => o.pool_size = value()?.parse().map_err(|e| format!("--pool-size: {e}"))?,
-            "--base-port" => o.base_port = value()?.parse().map_err(|e| format!("--base-port: {e}"))?,
+            "--pool-size" => {
+                o.pool_size = value()?.parse().map_err(|e| format!("--pool-size: {e}"))?
+            }
+            "--base-port" => {
+                o.base_port = value()?.parse().map_err(|e| format!("--base-port: {e}"))?
+            }
             "--only" => o.only = Some(value()?.split(',').map(|s| s.trim().to_owned()).collect()),
             other => return Err(format!("unknown option {other}")),
         }
@@ -198,7 +204,10 @@ async fn start_replicas(
         .ok_or("no exe dir")?
         .join("phone");
     if !bin.exists() {
-        return Err(format!("{} not found: build it with cargo build --release", bin.display()));
+        return Err(format!(
+            "{} not found: build it with cargo build --release",
+            bin.display()
+        ));
     }
     let url = pg_url(opts, database);
     let log_dir = Path::new("data/bench/logs");
@@ -206,7 +215,8 @@ async fn start_replicas(
     let mut replicas = Vec::new();
     for i in 0..n {
         let port = first_port + i as u16;
-        let log = std::fs::File::create(log_dir.join(format!("{role}-{}.log", i + 1))).map_err(|e| e.to_string())?;
+        let log = std::fs::File::create(log_dir.join(format!("{role}-{}.log", i + 1)))
+            .map_err(|e| e.to_string())?;
         let child = tokio::process::Command::new(&bin)
             .env("DATABASE_URL", &url)
             .env("PORT", port.to_string())
@@ -222,7 +232,13 @@ async fn start_replicas(
             .spawn()
             .map_err(|e| format!("start {}: {e}", bin.display()))?;
         let pid = child.id().ok_or("replica exited at once")?;
-        replicas.push(Replica { child, pid, port, role: format!("{role} #{}", i + 1), idle: Mem::default() });
+        replicas.push(Replica {
+            child,
+            pid,
+            port,
+            role: format!("{role} #{}", i + 1),
+            idle: Mem::default(),
+        });
     }
     let deadline = Instant::now() + Duration::from_secs(60);
     for r in &mut replicas {
@@ -237,7 +253,10 @@ async fn start_replicas(
                 break;
             }
             if Instant::now() > deadline {
-                return Err(format!("replica on port {} not healthy within 60 s", r.port));
+                return Err(format!(
+                    "replica on port {} not healthy within 60 s",
+                    r.port
+                ));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -256,8 +275,14 @@ async fn start_replicas(
 async fn stop_replicas(replicas: Vec<Replica>) {
     for mut r in replicas {
         // SIGTERM for a graceful stop; SIGKILL if it lingers.
-        let _ = std::process::Command::new("kill").arg("-TERM").arg(r.pid.to_string()).status();
-        if tokio::time::timeout(Duration::from_secs(10), r.child.wait()).await.is_err() {
+        let _ = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(r.pid.to_string())
+            .status();
+        if tokio::time::timeout(Duration::from_secs(10), r.child.wait())
+            .await
+            .is_err()
+        {
             let _ = r.child.kill().await;
         }
     }
@@ -303,6 +328,10 @@ struct MixRow {
     pgbench_cpu: CpuUse,
     pgbench_commits: i64,
     pgbench_wal_syncs: i64,
+    /// pg_stat_statements over the whole mix (warm-up included) and over pgbench.
+    statements: Vec<db::StmtStat>,
+    calls_total: u64,
+    pgbench_statements: Vec<db::StmtStat>,
 }
 
 impl MixRow {
@@ -316,7 +345,11 @@ impl MixRow {
         (self.sends_ok + self.polls_ok) as f64 / self.secs
     }
     fn ratio(&self) -> f64 {
-        if self.pgbench_tps > 0.0 { self.sent_per_s() / self.pgbench_tps } else { 0.0 }
+        if self.pgbench_tps > 0.0 {
+            self.sent_per_s() / self.pgbench_tps
+        } else {
+            0.0
+        }
     }
 }
 
@@ -340,6 +373,7 @@ struct RateRow {
     lag: Summary,
     errors: String,
     error_count: u64,
+    other_cores: f64,
 }
 
 struct SearchRow {
@@ -353,6 +387,10 @@ struct SearchRow {
 }
 
 struct GrowthRow {
+    other_cores: f64,
+    /// From pg_stat_statements: (mean exec µs, shared blocks per call).
+    poll_db: Option<(f64, f64)>,
+    send_db: Option<(f64, f64)>,
     history: i64,
     table_mb: f64,
     rate: f64,
@@ -376,7 +414,9 @@ struct Report {
     no_db: Vec<NoDbRow>,
     rate: Vec<RateRow>,
     search: Vec<SearchRow>,
-    search_seed: Vec<(i64, f64)>,
+    /// (size, seconds to seed up to it, indexes rebuilt after the load)
+    search_seed: Vec<(i64, f64, bool)>,
+    search_seeded: i64,
     growth: Vec<GrowthRow>,
     growth_seed_secs: f64,
     mem: Vec<MemRow>,
@@ -398,8 +438,14 @@ async fn run(opts: Opts) -> Result<(), String> {
     let pg_version = db::show(&admin, "server_version").await;
     // Checkpoints spread over bulk loads of millions of rows; the setting is
     // of this private cluster only.
-    for sql in ["ALTER SYSTEM SET max_wal_size = '8GB'", "SELECT pg_reload_conf()"] {
-        admin.batch_execute(sql).await.map_err(|e| format!("configure cluster: {}", db::pg_err(&e)))?;
+    for sql in [
+        "ALTER SYSTEM SET max_wal_size = '8GB'",
+        "SELECT pg_reload_conf()",
+    ] {
+        admin
+            .batch_execute(sql)
+            .await
+            .map_err(|e| format!("configure cluster: {}", db::pg_err(&e)))?;
     }
     let settings = format!(
         "synchronous_commit={}, fsync={}, wal_sync_method={}, shared_buffers={}, max_wal_size=8GB (set by the bench), max_connections={}",
@@ -412,8 +458,18 @@ async fn run(opts: Opts) -> Result<(), String> {
     let postmaster: u32 = std::fs::read_to_string(opts.pg_dir.join("postmaster.pid"))
         .ok()
         .and_then(|s| s.lines().next().and_then(|l| l.trim().parse().ok()))
-        .ok_or_else(|| format!("no postmaster.pid in {}: is the bench PostgreSQL running?", opts.pg_dir.display()))?;
-    say!(t0, "PostgreSQL {pg_version} on port {} ({settings}); mode {}", opts.pg_port, mode.name);
+        .ok_or_else(|| {
+            format!(
+                "no postmaster.pid in {}: is the bench PostgreSQL running?",
+                opts.pg_dir.display()
+            )
+        })?;
+    say!(
+        t0,
+        "PostgreSQL {pg_version} on port {} ({settings}); mode {}",
+        opts.pg_port,
+        mode.name
+    );
 
     let mut report = Report::default();
 
@@ -431,37 +487,81 @@ async fn run(opts: Opts) -> Result<(), String> {
         db::recreate_database(&admin, DB_MIX).await?;
         let bench_db = db::connect(&pg_url(&opts, DB_MIX)).await?;
         for &r in &REPLICAS {
-            let replicas = start_replicas(&opts, DB_MIX, r, opts.base_port, &format!("mix-{r}r")).await?;
+            let replicas =
+                start_replicas(&opts, DB_MIX, r, opts.base_port, &format!("mix-{r}r")).await?;
             let tg = targets(&replicas);
-            say!(t0, "{r} replica(s) up on ports {:?}", replicas.iter().map(|x| x.port).collect::<Vec<_>>());
+            say!(
+                t0,
+                "{r} replica(s) up on ports {:?}",
+                replicas.iter().map(|x| x.port).collect::<Vec<_>>()
+            );
             let mut peak = 0.0f64;
             let mut last_agents: Vec<Agent> = Vec::new();
             if r == 1 {
-                for (what, label) in [(load::NoDb::Ping, "JSON-RPC ping"), (load::NoDb::InvalidToolCall, "tools/call rejected by validation")] {
+                let nodb_secs = mode.measure / 3;
+                for (what, label) in [
+                    (load::NoDb::Ping, "JSON-RPC ping"),
+                    (
+                        load::NoDb::InvalidToolCall,
+                        "tools/call rejected by validation",
+                    ),
+                ] {
                     let start = tokio::time::Instant::now();
                     let server_pids = pids(&replicas);
                     let ((lat, errors), (cpu, _)) = tokio::join!(
-                        load::no_db(&tg, 16, what, start, mode.warmup, mode.measure / 2),
-                        sample_window(&admin, &server_pids, postmaster, &[], start + mode.warmup, start + mode.warmup + mode.measure / 2, hz),
+                        load::no_db(&tg, 16, what, start, mode.warmup, nodb_secs),
+                        sample_window(
+                            &admin,
+                            &server_pids,
+                            postmaster,
+                            &[],
+                            start + mode.warmup,
+                            start + mode.warmup + nodb_secs,
+                            hz
+                        ),
                     );
                     let n = lat.len().max(1) as f64;
                     let row = NoDbRow {
                         what: label,
-                        per_s: lat.len() as f64 / (mode.measure / 2).as_secs_f64(),
+                        per_s: lat.len() as f64 / nodb_secs.as_secs_f64(),
                         lat: lat.summary(),
                         server_us: cpu.server / n * 1e6,
                         errors: errors.describe(),
                     };
-                    say!(t0, "no-db {label}: {:.0}/s, server {:.0} µs CPU each", row.per_s, row.server_us);
+                    say!(
+                        t0,
+                        "no-db {label}: {:.0}/s, server {:.0} µs CPU each",
+                        row.per_s,
+                        row.server_us
+                    );
                     report.no_db.push(row);
                 }
             }
             for &c in &CONCURRENCY {
-                let row = mix_phase(&opts, &mode, &bench_db, &admin, &replicas, &tg, r, c, postmaster, hz, &mut last_agents).await?;
+                let row = mix_phase(
+                    &opts,
+                    &mode,
+                    &bench_db,
+                    &admin,
+                    &replicas,
+                    &tg,
+                    r,
+                    c,
+                    postmaster,
+                    hz,
+                    &mut last_agents,
+                )
+                .await?;
                 say!(
                     t0,
                     "mix r={r} c={c}: sent {:.0}/s read {:.0}/s, send p99 {:.1} ms, inbox p99 {:.1} ms, errors {}; pgbench {:.0} tps -> {:.2}x",
-                    row.sent_per_s(), row.read_per_s(), row.send.p99, row.inbox.p99, row.errors, row.pgbench_tps, row.ratio()
+                    row.sent_per_s(),
+                    row.read_per_s(),
+                    row.send.p99,
+                    row.inbox.p99,
+                    row.errors,
+                    row.pgbench_tps,
+                    row.ratio()
                 );
                 peak = peak.max(row.calls_per_s());
                 report.mix.push(row);
@@ -469,7 +569,20 @@ async fn run(opts: Opts) -> Result<(), String> {
             if wants("rate") && peak > 0.0 {
                 let rate = (peak / 2.0).max(10.0);
                 let _ = bench_db.batch_execute("CHECKPOINT").await;
-                let out = load::open_loop(&tg, &last_agents, rate, mode.warmup, mode.measure, 64).await;
+                let server_pids = pids(&replicas);
+                let now = tokio::time::Instant::now();
+                let (out, (cpu, _)) = tokio::join!(
+                    load::open_loop(&tg, &last_agents, rate, mode.warmup, mode.measure, 64),
+                    sample_window(
+                        &admin,
+                        &server_pids,
+                        postmaster,
+                        &[],
+                        now + mode.warmup,
+                        now + mode.warmup + mode.measure,
+                        hz
+                    ),
+                );
                 let row = RateRow {
                     replicas: r,
                     peak_calls: peak,
@@ -482,8 +595,15 @@ async fn run(opts: Opts) -> Result<(), String> {
                     lag: out.dispatch_lag.summary(),
                     errors: out.errors.describe(),
                     error_count: out.errors.total(),
+                    other_cores: cpu.other() / cpu.wall.max(1e-9),
                 };
-                say!(t0, "fixed rate r={r}: {rate:.0} calls/s (half of {peak:.0}): p50 {:.2} ms p99 {:.2} ms, errors {}", row.all.p50, row.all.p99, row.errors);
+                say!(
+                    t0,
+                    "fixed rate r={r}: {rate:.0} calls/s (half of {peak:.0}): p50 {:.2} ms p99 {:.2} ms, errors {}",
+                    row.all.p50,
+                    row.all.p99,
+                    row.errors
+                );
                 report.rate.push(row);
             }
             for rep in &replicas {
@@ -498,17 +618,57 @@ async fn run(opts: Opts) -> Result<(), String> {
         }
     }
 
+    // 10k and 100k agents always; 1M (full mode only) after the growth
+    // phase, whose 10M is required, if the time budget still allows.
+    let (small, big): (Vec<i64>, Vec<i64>) = mode.search_sizes.iter().partition(|&&n| n <= 100_000);
     if wants("search") {
-        search_phase(&opts, &mode, &admin, &mut report, t0).await?;
+        search_phase(
+            &opts,
+            &mode,
+            &admin,
+            &mut report,
+            t0,
+            &small,
+            t0 + mode.budget,
+        )
+        .await?;
     }
 
     if wants("growth") {
-        growth_phase(&opts, &mode, &admin, &mut report, t0).await?;
+        growth_phase(&opts, &mode, &admin, &mut report, t0, postmaster, hz).await?;
+    }
+
+    if wants("search") && !big.is_empty() {
+        // Seeding rate so far, to judge whether 1M fits: seeding plus ~60 s of queries.
+        let rate = report
+            .search_seed
+            .last()
+            .map_or(5_000.0, |&(n, secs, _)| (n as f64 / secs.max(0.1)).max(1.0));
+        let need = (big[big.len() - 1] - report.search_seeded) as f64 / rate * 0.8 + 60.0;
+        let left = mode.budget.as_secs_f64() - t0.elapsed().as_secs_f64();
+        if need > left {
+            report.skipped.push(format!(
+                "search at {} agents: needs ~{need:.0} s (seeding at the rate measured so far, plus queries), {left:.0} s left of the budget",
+                big[big.len() - 1]
+            ));
+        } else {
+            let deadline = t0 + mode.budget - Duration::from_secs(50);
+            search_phase(&opts, &mode, &admin, &mut report, t0, &big, deadline).await?;
+        }
     }
 
     let elapsed = t0.elapsed();
     say!(t0, "done in {:.0} s", elapsed.as_secs_f64());
-    let md = render(&opts, &mode, &report, &pg_version, &settings, started_at, elapsed, &loadavg_start);
+    let md = render(
+        &opts,
+        &mode,
+        &report,
+        &pg_version,
+        &settings,
+        started_at,
+        elapsed,
+        &loadavg_start,
+    );
     if let Some(dir) = opts.out.parent() {
         let _ = std::fs::create_dir_all(dir);
     }
@@ -541,20 +701,46 @@ async fn mix_phase(
     // the load runs: pg_stat_* lag up to a second behind a busy backend and
     // much longer behind one that went idle, so end-of-run readings are low.
     let _ = bench_db.batch_execute("CHECKPOINT").await;
+    let pgss = db::statements_reset(admin).await.is_ok();
     let start = tokio::time::Instant::now();
     let wall0 = chrono::Utc::now();
     let (out, (cpu, window_counters)) = tokio::join!(
         load::mix(tg, &agents, start, mode.warmup, mode.measure),
-        sample_window(admin, &server_pids, postmaster, &[], start + mode.warmup, start + mode.warmup + mode.measure, hz),
+        sample_window(
+            admin,
+            &server_pids,
+            postmaster,
+            &[],
+            start + mode.warmup,
+            start + mode.warmup + mode.measure,
+            hz
+        ),
     );
     let from = wall0 + chrono::Duration::from_std(mode.warmup).unwrap();
     let to = from + chrono::Duration::from_std(mode.measure).unwrap();
+    let statements = if pgss {
+        db::statements(admin, DB_MIX).await.unwrap_or_default()
+    } else {
+        Vec::new()
+    };
     let (sent_db, read_db) = db::count_window(bench_db, &names, from, to).await?;
 
     let _ = bench_db.batch_execute("CHECKPOINT").await;
+    if pgss {
+        let _ = db::statements_reset(admin).await;
+    }
     let script = Path::new("data/bench").join(format!("mix-c{c}.pgbench"));
     let pg_from = chrono::Utc::now();
-    let child = db::pgbench_start(&opts.pg_bin, "127.0.0.1", opts.pg_port, DB_MIX, base, c, mode.pgbench_secs, &script)?;
+    let child = db::pgbench_start(
+        &opts.pg_bin,
+        "127.0.0.1",
+        opts.pg_port,
+        DB_MIX,
+        base,
+        c,
+        mode.pgbench_secs,
+        &script,
+    )?;
     let pgbench_pid = child.id().unwrap_or(0);
     let pstart = tokio::time::Instant::now();
     let (pgbench_cpu, pgbench_counters) = sample_window(
@@ -562,12 +748,17 @@ async fn mix_phase(
         &[],
         postmaster,
         &[pgbench_pid],
-        pstart + Duration::from_millis(1000),
+        pstart + Duration::from_millis((mode.pgbench_secs * 250).min(1000)),
         pstart + Duration::from_millis(mode.pgbench_secs * 1000 - 500),
         hz,
     )
     .await;
     let pg = db::pgbench_finish(child, mode.pgbench_secs).await?;
+    let pgbench_statements = if pgss {
+        db::statements(admin, DB_MIX).await.unwrap_or_default()
+    } else {
+        Vec::new()
+    };
     let pg_to = chrono::Utc::now();
     let (pgbench_rows, _) = db::count_window(bench_db, &names, pg_from, pg_to).await?;
 
@@ -596,6 +787,9 @@ async fn mix_phase(
         pgbench_cpu,
         pgbench_commits: pgbench_counters.commits,
         pgbench_wal_syncs: pgbench_counters.wal_syncs,
+        statements,
+        calls_total: out.calls_total,
+        pgbench_statements,
     })
 }
 
@@ -614,11 +808,21 @@ async fn sample_window(
     };
     tokio::time::sleep_until(from).await;
     let c0 = db::counters(admin, DB_MIX).await;
-    let p0 = probe(server_pids.to_vec(), loadgen.to_vec()).await.expect("probe");
+    let p0 = probe(server_pids.to_vec(), loadgen.to_vec())
+        .await
+        .expect("probe");
     tokio::time::sleep_until(to).await;
-    let p1 = probe(server_pids.to_vec(), loadgen.to_vec()).await.expect("probe");
+    let p1 = probe(server_pids.to_vec(), loadgen.to_vec())
+        .await
+        .expect("probe");
     let c1 = db::counters(admin, DB_MIX).await;
-    (p1.since(&p0, hz), db::DbCounters { commits: c1.commits - c0.commits, wal_syncs: c1.wal_syncs - c0.wal_syncs })
+    (
+        p1.since(&p0, hz),
+        db::DbCounters {
+            commits: c1.commits - c0.commits,
+            wal_syncs: c1.wal_syncs - c0.wal_syncs,
+        },
+    )
 }
 
 fn search_categories(sample_names: &[String]) -> Vec<(&'static str, Vec<SearchQuery>)> {
@@ -627,59 +831,123 @@ fn search_categories(sample_names: &[String]) -> Vec<(&'static str, Vec<SearchQu
         project: project.map(str::to_owned),
     };
     vec![
-        ("common word", ["email", "invoices", "reports", "data", "customer", "meetings"].iter().map(|w| q(w, None)).collect()),
-        ("two common words", ["invoice email", "support tickets", "sales data", "meeting notes"].iter().map(|w| q(w, None)).collect()),
-        ("rare word", db::RARE[..8].iter().map(|w| q(w, None)).collect()),
-        ("prefix", ["inv", "sched", "kube", "transl", "reconc", "calli"].iter().map(|w| q(w, None)).collect()),
         (
-            "word + project",
-            [("reports", "atlas"), ("invoices", "kepler"), ("kubernetes", "orion"), ("email", "zenith")]
+            "common word",
+            [
+                "email", "invoices", "reports", "data", "customer", "meetings",
+            ]
+            .iter()
+            .map(|w| q(w, None))
+            .collect(),
+        ),
+        (
+            "two common words",
+            [
+                "invoice email",
+                "support tickets",
+                "sales data",
+                "meeting notes",
+            ]
+            .iter()
+            .map(|w| q(w, None))
+            .collect(),
+        ),
+        (
+            "rare word",
+            db::RARE[..8].iter().map(|w| q(w, None)).collect(),
+        ),
+        (
+            "prefix",
+            ["inv", "sched", "kube", "transl", "reconc", "calli"]
                 .iter()
-                .map(|(w, p)| q(w, Some(p)))
+                .map(|w| q(w, None))
                 .collect(),
         ),
-        ("exact name", sample_names.iter().map(|n| q(n, None)).collect()),
-        ("project listing", ["atlas", "kepler", "zenith", "krusty"].iter().map(|p| q("", Some(p))).collect()),
+        (
+            "word + project",
+            [
+                ("reports", "atlas"),
+                ("invoices", "kepler"),
+                ("kubernetes", "orion"),
+                ("email", "zenith"),
+            ]
+            .iter()
+            .map(|(w, p)| q(w, Some(p)))
+            .collect(),
+        ),
+        (
+            "exact name",
+            sample_names.iter().map(|n| q(n, None)).collect(),
+        ),
+        (
+            "project listing",
+            ["atlas", "kepler", "zenith", "krusty"]
+                .iter()
+                .map(|p| q("", Some(p)))
+                .collect(),
+        ),
     ]
 }
 
+/// The directory at each of `sizes` (cumulative: the database and what it
+/// holds persist between calls, in `report.search_seeded`).
 async fn search_phase(
     opts: &Opts,
     mode: &Mode,
     admin: &tokio_postgres::Client,
     report: &mut Report,
     t0: Instant,
+    sizes: &[i64],
+    deadline: Instant,
 ) -> Result<(), String> {
-    db::recreate_database(admin, DB_SEARCH).await?;
+    if report.search_seeded == 0 {
+        db::recreate_database(admin, DB_SEARCH).await?;
+    }
     let replicas = start_replicas(opts, DB_SEARCH, 1, opts.base_port + 10, "search").await?;
     let target = Target::local(replicas[0].port);
     let sdb = db::connect(&pg_url(opts, DB_SEARCH)).await?;
-    let mut seeded = 0i64;
-    let mut rows_per_sec = 0.0;
-    for &size in &mode.search_sizes {
-        if rows_per_sec > 0.0 {
-            let estimate = (size - seeded) as f64 / rows_per_sec * 1.3 + 40.0;
-            if t0.elapsed().as_secs_f64() + estimate > mode.budget.as_secs_f64() * 0.75 {
-                report.skipped.push(format!(
-                    "search at {size} agents: seeding would take ~{estimate:.0} s, over the time budget"
-                ));
-                break;
-            }
+    for &size in sizes {
+        let seeded = report.search_seeded;
+        if Instant::now() >= deadline {
+            report.skipped.push(format!(
+                "search at {size} agents: no time left in the budget"
+            ));
+            break;
         }
         let started = Instant::now();
-        const CHUNK: i64 = 100_000;
-        for from in (seeded + 1..=size).step_by(CHUNK as usize) {
-            db::seed_directory(&sdb, from, (from + CHUNK - 1).min(size)).await?;
-        }
+        // Big loads rebuild the directory's plain indexes (GIN, project,
+        // name) once at the end instead of maintaining them row by row.
+        let deferred = if size - seeded >= 500_000 {
+            db::drop_secondary_indexes(&sdb, "agents").await?
+        } else {
+            Vec::new()
+        };
+        let reached = db::seed_parallel(
+            &pg_url(opts, DB_SEARCH),
+            db::Seed::Directory,
+            seeded + 1,
+            size,
+            50_000,
+            2,
+            deadline,
+        )
+        .await?;
+        db::recreate_indexes(&sdb, &deferred).await?;
         db::each(&sdb, &["VACUUM (ANALYZE) agents", "CHECKPOINT"]).await?;
         let took = started.elapsed().as_secs_f64();
-        rows_per_sec = (size - seeded) as f64 / took;
-        report.search_seed.push((size, took));
-        seeded = size;
+        if reached < size {
+            report.skipped.push(format!("search at {size} agents: the time budget ran out after seeding {reached}; measured there"));
+        }
+        let size = reached;
+        report.search_seed.push((size, took, !deferred.is_empty()));
+        report.search_seeded = size;
         say!(t0, "directory seeded to {size} agents in {took:.1} s");
 
         let names: Vec<String> = sdb
-            .query("SELECT name FROM agents TABLESAMPLE SYSTEM (1) LIMIT 8", &[])
+            .query(
+                "SELECT name FROM agents TABLESAMPLE SYSTEM (1) LIMIT 8",
+                &[],
+            )
             .await
             .map_err(|e| e.to_string())?
             .iter()
@@ -689,7 +957,15 @@ async fn search_phase(
             if queries.is_empty() {
                 continue;
             }
-            let out = load::search(&target, &queries, SEARCH_WORKERS, mode.search_secs).await;
+            let out = load::search(
+                &target,
+                &queries,
+                SEARCH_WORKERS,
+                mode.search_secs,
+                10,
+                mode.search_secs * 3,
+            )
+            .await;
             let calls = out.lat.len().max(1) as f64;
             report.search.push(SearchRow {
                 size,
@@ -701,7 +977,12 @@ async fn search_phase(
                 errors: out.errors.describe(),
             });
         }
-        let worst = report.search.iter().filter(|s| s.size == size).map(|s| s.lat.p99).fold(0.0, f64::max);
+        let worst = report
+            .search
+            .iter()
+            .filter(|s| s.size == size)
+            .map(|s| s.lat.p99)
+            .fold(0.0, f64::max);
         say!(t0, "search at {size}: worst category p99 {worst:.1} ms");
     }
     for rep in &replicas {
@@ -709,7 +990,7 @@ async fn search_phase(
             role: rep.role.clone(),
             idle: rep.idle,
             loaded: stats::mem(rep.pid).unwrap_or_default(),
-            phase: format!("search up to {seeded} agents"),
+            phase: format!("search up to {} agents", report.search_seeded),
         });
     }
     stop_replicas(replicas).await;
@@ -731,6 +1012,8 @@ async fn growth_phase(
     admin: &tokio_postgres::Client,
     report: &mut Report,
     t0: Instant,
+    postmaster: u32,
+    hz: f64,
 ) -> Result<(), String> {
     db::recreate_database(admin, DB_GROWTH).await?;
     let replicas = start_replicas(opts, DB_GROWTH, 1, opts.base_port + 20, "growth").await?;
@@ -738,7 +1021,10 @@ async fn growth_phase(
     let gdb = db::connect(&pg_url(opts, DB_GROWTH)).await?;
     let base = db::seed_mailbox_agents(&gdb, GROWTH_AGENTS).await?;
     let agents: Vec<Agent> = (1..=GROWTH_MEASURED as i64)
-        .map(|g| Agent { name: format!("g-{g}"), token: db::seeded_token('g', g) })
+        .map(|g| Agent {
+            name: format!("g-{g}"),
+            token: db::seeded_token('g', g),
+        })
         .collect();
     // Below saturation, so the comparison is of work per poll, not of queueing.
     let rate = report
@@ -747,25 +1033,112 @@ async fn growth_phase(
         .find(|m| m.replicas == 1)
         .map_or(1000.0, |m| (m.calls_per_s() / 4.0).clamp(100.0, 1000.0));
     let mut seeded = 0i64;
-    let started = Instant::now();
+    // Leave time for VACUUM, the last measurement and the report.
+    // Quick mode's large size is small enough to always load unless the
+    // machine is far too busy; the full 10M must fit the 10-minute budget,
+    // leaving time for the index rebuild, VACUUM and the last measurement.
+    let deadline = if opts.quick {
+        t0 + mode.budget + Duration::from_secs(20)
+    } else {
+        t0 + mode.budget - (mode.warmup + mode.measure) - Duration::from_secs(90)
+    };
+    let seed = db::Seed::History {
+        base,
+        agents: GROWTH_AGENTS,
+        all_read_slots: GROWTH_MEASURED as i64,
+    };
+    let mut deferred: Vec<String> = Vec::new();
     for (i, &size) in [mode.growth_small, mode.growth_large].iter().enumerate() {
-        const CHUNK: i64 = 1_000_000;
-        let from0 = seeded + 1;
-        for from in (from0..=size).step_by(CHUNK as usize) {
-            let to = (from + CHUNK - 1).min(size);
-            db::seed_history(&gdb, base, GROWTH_AGENTS, GROWTH_MEASURED as i64, from, to).await?;
-            if size > CHUNK {
-                say!(t0, "history: {to} messages");
+        let started = Instant::now();
+        let reached = if i == 0 {
+            // The small history always loads in full.
+            db::seed_parallel(
+                &pg_url(opts, DB_GROWTH),
+                seed,
+                1,
+                size,
+                size,
+                1,
+                Instant::now() + Duration::from_secs(60),
+            )
+            .await?
+        } else {
+            // Rebuild the plain indexes once at the end instead of row by row.
+            deferred = db::drop_secondary_indexes(&gdb, "messages").await?;
+            let mut reached = seeded;
+            let step = 1_000_000.min(size);
+            while reached < size && Instant::now() < deadline {
+                reached = db::seed_parallel(
+                    &pg_url(opts, DB_GROWTH),
+                    seed,
+                    reached + 1,
+                    (reached + step).min(size),
+                    250_000,
+                    2,
+                    deadline,
+                )
+                .await?;
+                say!(t0, "history: {reached} messages");
             }
+            reached
+        };
+        if reached < size {
+            report.skipped.push(format!("growth at {size} messages: the time budget ran out after loading {reached}; measured there"));
+        }
+        let size = reached;
+        if !deferred.is_empty() {
+            let t = Instant::now();
+            db::recreate_indexes(&gdb, &deferred).await?;
+            say!(t0, "indexes rebuilt in {:.1} s", t.elapsed().as_secs_f64());
         }
         db::each(&gdb, &["VACUUM (ANALYZE) messages", "CHECKPOINT"]).await?;
         if i == 1 {
             report.growth_seed_secs = started.elapsed().as_secs_f64();
         }
         seeded = size;
-        let table_mb = db::scalar_i64(&gdb, "SELECT pg_total_relation_size('messages')").await? as f64 / 1048576.0;
-        let out = load::open_loop(&tg, &agents, rate, mode.warmup, mode.measure, GROWTH_MEASURED).await;
+        let table_mb = db::scalar_i64(&gdb, "SELECT pg_total_relation_size('messages')").await?
+            as f64
+            / 1048576.0;
+        let server_pids = pids(&replicas);
+        let pgss = db::statements_reset(admin).await.is_ok();
+        let now = tokio::time::Instant::now();
+        let (out, (cpu, _)) = tokio::join!(
+            load::open_loop(
+                &tg,
+                &agents,
+                rate,
+                mode.warmup,
+                mode.measure,
+                GROWTH_MEASURED
+            ),
+            sample_window(
+                admin,
+                &server_pids,
+                postmaster,
+                &[],
+                now + mode.warmup,
+                now + mode.warmup + mode.measure,
+                hz
+            ),
+        );
+        let stmts = if pgss {
+            db::statements(admin, DB_GROWTH).await.unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let per_call = |kind: &str| {
+            let (calls, ms, blocks) = stmts
+                .iter()
+                .filter(|x| x.kind() == kind)
+                .fold((0i64, 0.0f64, 0i64), |(c, m, b), x| {
+                    (c + x.calls, m + x.total_ms, b + x.blocks)
+                });
+            (calls > 0).then(|| (ms * 1000.0 / calls as f64, blocks as f64 / calls as f64))
+        };
         let row = GrowthRow {
+            poll_db: per_call("poll"),
+            send_db: per_call("send"),
+            other_cores: cpu.other() / cpu.wall.max(1e-9),
             history: size,
             table_mb,
             rate,
@@ -773,7 +1146,12 @@ async fn growth_phase(
             send: out.send.summary(),
             errors: out.errors.describe(),
         };
-        say!(t0, "growth {size} messages ({table_mb:.0} MB): inbox p50 {:.2} ms p99 {:.2} ms", row.inbox.p50, row.inbox.p99);
+        say!(
+            t0,
+            "growth {size} messages ({table_mb:.0} MB): inbox p50 {:.2} ms p99 {:.2} ms",
+            row.inbox.p50,
+            row.inbox.p99
+        );
         report.growth.push(row);
     }
     for rep in &replicas {
@@ -790,6 +1168,31 @@ async fn growth_phase(
 
 // ---------------------------------------------------------------------------
 // The report
+
+/// The distinguishing part of a statement: from what its kind does on.
+fn excerpt(q: &str, kind: &str) -> String {
+    let key = match kind {
+        "send" => "INSERT INTO messages",
+        "poll" => "UPDATE messages",
+        _ => "",
+    };
+    let at = if key.is_empty() {
+        0
+    } else {
+        q.find(key).unwrap_or(0)
+    };
+    let body = shorten(&q[at..], 140);
+    if at > 0 { format!("…{body}") } else { body }
+}
+
+fn shorten(q: &str, n: usize) -> String {
+    let q = q.replace('|', "\\|").replace('`', "'");
+    if q.chars().count() > n {
+        format!("{}…", q.chars().take(n).collect::<String>())
+    } else {
+        q
+    }
+}
 
 fn mb(kb: u64) -> f64 {
     kb as f64 / 1024.0
@@ -811,9 +1214,15 @@ fn machine() -> (usize, f64, String, String) {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .unwrap_or_default()
         .lines()
-        .find_map(|l| l.strip_prefix("model name").map(|r| r.trim_start_matches([' ', '\t', ':']).to_owned()))
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .map(|r| r.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
         .unwrap_or_else(|| "?".into());
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_owned();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
     (cores, mem_gib, cpu, kernel)
 }
 
@@ -828,7 +1237,13 @@ fn git_revision() -> String {
     };
     let rev = out(&["rev-parse", "--short", "HEAD"]);
     let dirty = !out(&["status", "--porcelain", "--untracked-files=no"]).is_empty();
-    if rev.is_empty() { "?".into() } else if dirty { format!("{rev} + uncommitted changes") } else { rev }
+    if rev.is_empty() {
+        "?".into()
+    } else if dirty {
+        format!("{rev} + uncommitted changes")
+    } else {
+        rev
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -846,14 +1261,46 @@ fn render(
     let mut s = String::new();
     let w = &mut s;
     let _ = writeln!(w, "# phone benchmark results\n");
-    let _ = writeln!(w, "- Date: {} (took {:.0} s after the build)", started_at.format("%Y-%m-%d %H:%M UTC"), elapsed.as_secs_f64());
+    let _ = writeln!(
+        w,
+        "- Date: {} (took {:.0} s after the build)",
+        started_at.format("%Y-%m-%d %H:%M UTC"),
+        elapsed.as_secs_f64()
+    );
     let _ = writeln!(w, "- Command: `{}` (mode: {})", opts.command, mode.name);
-    let _ = writeln!(w, "- Machine: {cores} cores ({cpu}), {mem_gib:.1} GiB memory, Linux {kernel}; load average at start: {}", loadavg.split_whitespace().take(3).collect::<Vec<_>>().join(" "));
+    let _ = writeln!(
+        w,
+        "- Machine: {cores} cores ({cpu}), {mem_gib:.1} GiB memory, Linux {kernel}; load average at start: {}",
+        loadavg
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
     let _ = writeln!(w, "- PostgreSQL {pg_version}, local, durable: {settings}");
-    let _ = writeln!(w, "- Server: release build, revision {}, PHONE_POOL_SIZE={} per replica, RUST_LOG=warn, PHONE_REGISTER_LIMIT=0 (all bench agents register from 127.0.0.1); replicas on 127.0.0.1:{}+", git_revision(), opts.pool_size, opts.base_port);
-    let _ = writeln!(w, "- Load generator: `phone-bench` (in-repo), one tokio thread, HTTP/1.1 keep-alive, one connection per worker; each connection does `initialize` + `notifications/initialized`, then JSON-RPC `tools/call` POSTs to /mcp with Bearer tokens. With 3 replicas the connections are spread round-robin over the replicas' ports directly (no proxy in front).");
-    let _ = writeln!(w, "- Phase lengths: mix {} s measured after {} s warm-up; pgbench {} s; search {:.1} s per category.", mode.measure.as_secs(), mode.warmup.as_secs(), mode.pgbench_secs, mode.search_secs.as_secs_f64());
-    let _ = writeln!(w, "- Everything (load generator, replicas, PostgreSQL) shares the same {cores} cores, and other work on the machine (e.g. compilers) competes too: absolute numbers are noisy; the ratio to the pgbench baseline measured minutes apart in the same run is the comparable figure. The `other CPU` column below shows how much CPU went to processes outside the benchmark.");
+    let _ = writeln!(
+        w,
+        "- Server: release build, revision {}, PHONE_POOL_SIZE={} per replica, RUST_LOG=warn, PHONE_REGISTER_LIMIT=0 (all bench agents register from 127.0.0.1); replicas on 127.0.0.1:{}+",
+        git_revision(),
+        opts.pool_size,
+        opts.base_port
+    );
+    let _ = writeln!(
+        w,
+        "- Load generator: `phone-bench` (in-repo), one tokio thread, HTTP/1.1 keep-alive, one connection per worker; each connection does `initialize` + `notifications/initialized`, then JSON-RPC `tools/call` POSTs to /mcp with Bearer tokens. With 3 replicas the connections are spread round-robin over the replicas' ports directly (no proxy in front)."
+    );
+    let _ = writeln!(
+        w,
+        "- Phase lengths: mix {} s measured after {:.1} s warm-up; pgbench {} s; search {:.1} s per category.",
+        mode.measure.as_secs(),
+        mode.warmup.as_secs_f64(),
+        mode.pgbench_secs,
+        mode.search_secs.as_secs_f64()
+    );
+    let _ = writeln!(
+        w,
+        "- Everything (load generator, replicas, PostgreSQL) shares the same {cores} cores, and other work on the machine (e.g. compilers) competes too: absolute numbers are noisy; the ratio to the pgbench baseline measured minutes apart in the same run is the comparable figure. The `other CPU` column below shows how much CPU went to processes outside the benchmark."
+    );
     if !r.skipped.is_empty() {
         for sk in &r.skipped {
             let _ = writeln!(w, "- Skipped: {sk}");
@@ -871,7 +1318,13 @@ fn render(
         let _ = writeln!(
             w,
             "| throughput ≥ 0.8× raw-SQL baseline, 0 errors ({} replica{}, c={}) | {:.2}× ({:.0} vs {:.0} sends/s), {} errors | {} |",
-            m.replicas, if m.replicas > 1 { "s" } else { "" }, m.concurrency, m.ratio(), m.sent_per_s(), m.pgbench_tps, m.error_count,
+            m.replicas,
+            if m.replicas > 1 { "s" } else { "" },
+            m.concurrency,
+            m.ratio(),
+            m.sent_per_s(),
+            m.pgbench_tps,
+            m.error_count,
             verdict(m.ratio() >= 0.8 && m.error_count == 0)
         );
     }
@@ -880,19 +1333,41 @@ fn render(
         let _ = writeln!(
             w,
             "| p99 ≤ 10 ms at half of peak ({} replica{}, {:.0} calls/s) | p99 {:.1} ms (send {:.1}, inbox {:.1}), {} errors | {} |",
-            x.replicas, if x.replicas > 1 { "s" } else { "" }, x.rate, x.all.p99, x.send.p99, x.inbox.p99, x.error_count,
+            x.replicas,
+            if x.replicas > 1 { "s" } else { "" },
+            x.rate,
+            x.all.p99,
+            x.send.p99,
+            x.inbox.p99,
+            x.error_count,
             verdict(worst <= 10.0 && x.error_count == 0)
         );
     }
     if let Some(max_size) = r.search.iter().map(|s| s.size).max() {
-        let worst = r.search.iter().filter(|s| s.size == max_size).max_by(|a, b| a.lat.p99.total_cmp(&b.lat.p99));
+        let worst = r
+            .search
+            .iter()
+            .filter(|s| s.size == max_size)
+            .max_by(|a, b| a.lat.p99.total_cmp(&b.lat.p99));
         if let Some(worst) = worst {
-            let scope = if max_size >= 1_000_000 { "".to_string() } else { format!(" — measured at {max_size} only, 1M not run in this mode") };
+            let scope = if max_size >= 1_000_000 {
+                "".to_string()
+            } else {
+                format!(" — measured at {max_size} only, 1M not run in this mode")
+            };
             let _ = writeln!(
                 w,
                 "| search p99 ≤ 20 ms at 1M agents{scope} | worst p99 {:.1} ms ({} at {}) | {} |",
-                worst.lat.p99, worst.category, max_size,
-                if max_size >= 1_000_000 { verdict(worst.lat.p99 <= 20.0) } else if worst.lat.p99 > 20.0 { "FAIL (already at a smaller size)" } else { "not measured at 1M" }
+                worst.lat.p99,
+                worst.category,
+                max_size,
+                if max_size >= 1_000_000 {
+                    verdict(worst.lat.p99 <= 20.0)
+                } else if worst.lat.p99 > 20.0 {
+                    "FAIL (already at a smaller size)"
+                } else {
+                    "not measured at 1M"
+                }
             );
         }
     }
@@ -900,52 +1375,122 @@ fn render(
         let (a, b) = (&r.growth[0], &r.growth[1]);
         let p50 = b.inbox.p50 / a.inbox.p50.max(1e-9);
         let p99 = b.inbox.p99 / a.inbox.p99.max(1e-9);
-        let scope = if b.history >= 10_000_000 { String::new() } else { format!(" — large size here is {} (quick mode), not 10M", b.history) };
+        let scope = if b.history >= 10_000_000 {
+            String::new()
+        } else {
+            format!(" — large size here is {} (quick mode), not 10M", b.history)
+        };
         let _ = writeln!(
             w,
             "| poll latency at 10M history ≤ 1.3× at 10k{scope} | p50 {:.2}× ({:.2} → {:.2} ms), p99 {:.2}× ({:.2} → {:.2} ms) | {} |",
-            p50, a.inbox.p50, b.inbox.p50, p99, a.inbox.p99, b.inbox.p99,
+            p50,
+            a.inbox.p50,
+            b.inbox.p50,
+            p99,
+            a.inbox.p99,
+            b.inbox.p99,
             verdict(p50 <= 1.3 && p99 <= 1.3)
         );
+        if let (Some(pa), Some(pb)) = (a.poll_db, b.poll_db) {
+            let _ = writeln!(
+                w,
+                "| (same, inside PostgreSQL: contention-free evidence) | poll statement {:.2}× exec time ({:.0} → {:.0} µs), {:.2}× pages touched ({:.1} → {:.1} per poll) | {} |",
+                pb.0 / pa.0.max(1e-9),
+                pa.0,
+                pb.0,
+                pb.1 / pa.1.max(1e-9),
+                pa.1,
+                pb.1,
+                verdict(pb.0 / pa.0.max(1e-9) <= 1.3)
+            );
+        }
     }
     if !r.mem.is_empty() {
         let idle = r.mem.iter().map(|m| m.idle.rss_kb).max().unwrap_or(0);
         let loaded = r.mem.iter().map(|m| m.loaded.hwm_kb).max().unwrap_or(0);
-        let _ = writeln!(w, "| RSS ≤ 20 MB idle | max idle VmRSS {:.1} MB | {} |", mb(idle), verdict(mb(idle) <= 20.0));
-        let _ = writeln!(w, "| RSS ≤ 60 MB loaded | max VmHWM {:.1} MB | {} |", mb(loaded), verdict(mb(loaded) <= 60.0));
+        let _ = writeln!(
+            w,
+            "| RSS ≤ 20 MB idle | max idle VmRSS {:.1} MB | {} |",
+            mb(idle),
+            verdict(mb(idle) <= 20.0)
+        );
+        let _ = writeln!(
+            w,
+            "| RSS ≤ 60 MB loaded | max VmHWM {:.1} MB | {} |",
+            mb(loaded),
+            verdict(mb(loaded) <= 60.0)
+        );
     }
 
     if !r.mix.is_empty() || r.fsync.is_some() {
         let _ = writeln!(w, "\n## 1–2. Send+poll mix vs the raw-SQL limit\n");
-        let _ = writeln!(w, "Agents in pairs; each worker sends to its partner, then polls its own inbox (`limit` 10): sends and polls 1:1, closed loop. Sent and read counts come from the database afterwards (messages of this phase's agents with `sent_at` / `read_at` inside the measured window), not from responses. The baseline is `pgbench -M prepared` at the same concurrency on the same database right after: per transaction one `INSERT` (a send) and one `UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP LOCKED) RETURNING` (a poll), each its own autocommit transaction like the server's, same agent pairs, same body, same synchronous_commit. Ratio = server sends/s ÷ pgbench transactions/s.\n");
+        let _ = writeln!(
+            w,
+            "Agents in pairs; each worker sends to its partner, then polls its own inbox (`limit` 10): sends and polls 1:1, closed loop. Sent and read counts come from the database afterwards (messages of this phase's agents with `sent_at` / `read_at` inside the measured window), not from responses. The baseline is `pgbench -M prepared` at the same concurrency on the same database right after: per transaction one `INSERT` (a send) and one `UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP LOCKED) RETURNING` (a poll), each its own autocommit transaction like the server's, same agent pairs, same body, same synchronous_commit. Ratio = server sends/s ÷ pgbench transactions/s.\n"
+        );
         if let Some(f) = r.fsync {
-            let _ = writeln!(w, "pg_test_fsync (one 8 kB write, fdatasync, on the cluster's disk): **{f:.0} ops/s**.\n");
+            let _ = writeln!(
+                w,
+                "pg_test_fsync (one 8 kB write, fdatasync, on the cluster's disk): **{f:.0} ops/s**.\n"
+            );
         }
-        let _ = writeln!(w, "| replicas | conc. | sent/s (DB) | read/s (DB) | calls/s | send p50 / p90 / p99 ms | inbox p50 / p90 / p99 ms | errors | pgbench tps | ratio |");
+        let _ = writeln!(
+            w,
+            "| replicas | conc. | sent/s (DB) | read/s (DB) | calls/s | send p50 / p90 / p99 ms | inbox p50 / p90 / p99 ms | errors | pgbench tps | ratio |"
+        );
         let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|");
         for m in &r.mix {
             let _ = writeln!(
                 w,
                 "| {} | {} | {:.0} | {:.0} | {:.0} | {:.2} / {:.2} / {:.2} | {:.2} / {:.2} / {:.2} | {} | {:.0} | **{:.2}×** |",
-                m.replicas, m.concurrency, m.sent_per_s(), m.read_per_s(), m.calls_per_s(),
-                m.send.p50, m.send.p90, m.send.p99, m.inbox.p50, m.inbox.p90, m.inbox.p99,
-                m.errors, m.pgbench_tps, m.ratio()
+                m.replicas,
+                m.concurrency,
+                m.sent_per_s(),
+                m.read_per_s(),
+                m.calls_per_s(),
+                m.send.p50,
+                m.send.p90,
+                m.send.p99,
+                m.inbox.p50,
+                m.inbox.p90,
+                m.inbox.p99,
+                m.errors,
+                m.pgbench_tps,
+                m.ratio()
             );
         }
-        let _ = writeln!(w, "\nCross-checks: successful responses vs database rows, and the baseline's own rows.\n");
-        let _ = writeln!(w, "| replicas | conc. | send responses | sent rows (DB) | poll responses | read rows (DB) | pgbench failed | pgbench rows/s (DB) | pgbench latency avg ms |");
+        let _ = writeln!(
+            w,
+            "\nCross-checks: successful responses vs database rows, and the baseline's own rows.\n"
+        );
+        let _ = writeln!(
+            w,
+            "| replicas | conc. | send responses | sent rows (DB) | poll responses | read rows (DB) | pgbench failed | pgbench rows/s (DB) | pgbench latency avg ms |"
+        );
         let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|");
         for m in &r.mix {
             let _ = writeln!(
                 w,
                 "| {} | {} | {} | {} | {} | {} | {} | {:.0} | {:.2} |",
-                m.replicas, m.concurrency, m.sends_ok, m.sent_db, m.polls_ok, m.read_db, m.pgbench_failed,
+                m.replicas,
+                m.concurrency,
+                m.sends_ok,
+                m.sent_db,
+                m.polls_ok,
+                m.read_db,
+                m.pgbench_failed,
                 m.pgbench_rows as f64 / mode.pgbench_secs as f64,
                 m.pgbench_latency_ms
             );
         }
-        let _ = writeln!(w, "\nWhere the time goes: CPU per call (one call = one send or one poll; for pgbench one statement), from /proc, over the whole phase. over the measured window (pgbench: from 1 s after its start to 0.5 s before its end). `other` is machine CPU used by none of server, PostgreSQL or load generator, in cores. Commits and WAL flushes from pg_stat_database / pg_stat_wal over the same window.\n");
-        let _ = writeln!(w, "| replicas | conc. | server µs/call | PostgreSQL µs/call | loadgen µs/call | other CPU (cores) | commits/call | WAL flushes/s | pgbench: PostgreSQL µs/stmt | pgbench µs/stmt | commits/stmt | WAL flushes/s | other CPU (cores) |");
+        let _ = writeln!(
+            w,
+            "\nWhere the time goes: CPU per call (one call = one send or one poll; for pgbench one statement), from /proc, over the measured window (pgbench: from 1 s after its start, or a quarter of its run if shorter, to 0.5 s before its end). `other` is machine CPU used by none of server, PostgreSQL or load generator, in cores. Commits and WAL flushes from pg_stat_database / pg_stat_wal over the same window.\n"
+        );
+        let _ = writeln!(
+            w,
+            "| replicas | conc. | server µs/call | PostgreSQL µs/call | loadgen µs/call | other CPU (cores) | commits/call | WAL flushes/s | pgbench: PostgreSQL µs/stmt | pgbench µs/stmt | commits/stmt | WAL flushes/s | other CPU (cores) |"
+        );
         let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
         for m in &r.mix {
             let calls = m.window_calls.max(1) as f64;
@@ -953,24 +1498,105 @@ fn render(
             let _ = writeln!(
                 w,
                 "| {} | {} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} |",
-                m.replicas, m.concurrency,
-                m.cpu.server / calls * 1e6, m.cpu.postgres / calls * 1e6, m.cpu.loadgen / calls * 1e6,
+                m.replicas,
+                m.concurrency,
+                m.cpu.server / calls * 1e6,
+                m.cpu.postgres / calls * 1e6,
+                m.cpu.loadgen / calls * 1e6,
                 m.cpu.other() / m.cpu.wall.max(1e-9),
-                m.commits as f64 / calls, m.wal_syncs as f64 / m.cpu.wall.max(1e-9),
-                m.pgbench_cpu.postgres / stmts * 1e6, m.pgbench_cpu.loadgen / stmts * 1e6,
-                m.pgbench_commits as f64 / stmts, m.pgbench_wal_syncs as f64 / m.pgbench_cpu.wall.max(1e-9),
+                m.commits as f64 / calls,
+                m.wal_syncs as f64 / m.cpu.wall.max(1e-9),
+                m.pgbench_cpu.postgres / stmts * 1e6,
+                m.pgbench_cpu.loadgen / stmts * 1e6,
+                m.pgbench_commits as f64 / stmts,
+                m.pgbench_wal_syncs as f64 / m.pgbench_cpu.wall.max(1e-9),
                 m.pgbench_cpu.other() / m.pgbench_cpu.wall.max(1e-9),
             );
         }
         if !r.no_db.is_empty() {
-            let _ = writeln!(w, "\nThe server's fixed cost per request, without the database (1 replica, 16 connections, closed loop): what HTTP, the JSON-RPC checks, rmcp and the tool dispatch cost before any SQL.\n");
-            let _ = writeln!(w, "| request | per s | p50 / p99 ms | server CPU µs/request | errors |");
+            let _ = writeln!(
+                w,
+                "\nThe server's fixed cost per request, without the database (1 replica, 16 connections, closed loop): what HTTP, the JSON-RPC checks, rmcp and the tool dispatch cost before any SQL.\n"
+            );
+            let _ = writeln!(
+                w,
+                "| request | per s | p50 / p99 ms | server CPU µs/request | errors |"
+            );
             let _ = writeln!(w, "|---|---|---|---|---|");
             for x in &r.no_db {
-                let _ = writeln!(w, "| {} | {:.0} | {:.2} / {:.2} | {:.0} | {} |", x.what, x.per_s, x.lat.p50, x.lat.p99, x.server_us, x.errors);
+                let _ = writeln!(
+                    w,
+                    "| {} | {:.0} | {:.2} / {:.2} | {:.0} | {} |",
+                    x.what, x.per_s, x.lat.p50, x.lat.p99, x.server_us, x.errors
+                );
             }
         }
-        let examples: Vec<&String> = r.mix.iter().flat_map(|m| m.error_examples.iter()).take(5).collect();
+        for m in r
+            .mix
+            .iter()
+            .filter(|m| m.replicas == 1 && !m.statements.is_empty())
+        {
+            let calls = m.calls_total.max(1) as f64;
+            let server_ms: f64 = m.statements.iter().map(|x| x.total_ms).sum();
+            let server_stmts: i64 = m.statements.iter().map(|x| x.calls).sum();
+            let pg_ms: f64 = m.pgbench_statements.iter().map(|x| x.total_ms).sum();
+            let pg_stmts: i64 = m.pgbench_statements.iter().map(|x| x.calls).sum();
+            let _ = writeln!(
+                w,
+                "\nStatements the database executed (pg_stat_statements), 1 replica, c={}: the server ran **{:.2} statements per tool call**, {:.0} µs of execution per send+poll pair; pgbench ran 2 per pair, {:.0} µs per pair. Execution time excludes parse/bind, network and commit waits.\n",
+                m.concurrency,
+                server_stmts as f64 / calls,
+                server_ms * 1000.0 / (calls / 2.0),
+                pg_ms * 1000.0 / (pg_stmts as f64 / 2.0).max(1.0),
+            );
+            let _ = writeln!(
+                w,
+                "| by | kind | statement | per tool call | mean µs | rows/call | blocks/call | share of exec time |"
+            );
+            let _ = writeln!(w, "|---|---|---|---|---|---|---|---|");
+            for x in m.statements.iter().take(6) {
+                let _ = writeln!(
+                    w,
+                    "| server | {} | `{}` | {:.2} | {:.0} | {:.2} | {:.1} | {:.0}% |",
+                    x.kind(),
+                    excerpt(&x.query, x.kind()),
+                    x.calls as f64 / calls,
+                    x.total_ms * 1000.0 / x.calls as f64,
+                    x.rows as f64 / x.calls as f64,
+                    x.blocks as f64 / x.calls as f64,
+                    100.0 * x.total_ms / server_ms.max(1e-9)
+                );
+            }
+            // pgbench runs two statements; group by kind in case the
+            // statistics hold more than one entry per text.
+            for kind in ["send", "poll"] {
+                let xs: Vec<&db::StmtStat> = m
+                    .pgbench_statements
+                    .iter()
+                    .filter(|x| x.kind() == kind)
+                    .collect();
+                let Some(first) = xs.first() else { continue };
+                let calls: i64 = xs.iter().map(|x| x.calls).sum::<i64>().max(1);
+                let ms: f64 = xs.iter().map(|x| x.total_ms).sum();
+                let rows: i64 = xs.iter().map(|x| x.rows).sum();
+                let blocks: i64 = xs.iter().map(|x| x.blocks).sum();
+                let _ = writeln!(
+                    w,
+                    "| pgbench | {kind} | `{}` | — | {:.0} | {:.2} | {:.1} | {:.0}% |",
+                    excerpt(&first.query, kind),
+                    ms * 1000.0 / calls as f64,
+                    rows as f64 / calls as f64,
+                    blocks as f64 / calls as f64,
+                    100.0 * ms / pg_ms.max(1e-9)
+                );
+            }
+        }
+        let examples: Vec<&String> = r
+            .mix
+            .iter()
+            .flat_map(|m| m.error_examples.iter())
+            .take(5)
+            .collect();
         if !examples.is_empty() {
             let _ = writeln!(w, "\nFirst errors:\n");
             for e in examples {
@@ -981,55 +1607,133 @@ fn render(
 
     if !r.rate.is_empty() {
         let _ = writeln!(w, "\n## 3. Fixed rate at half of the peak (open loop)\n");
-        let _ = writeln!(w, "Request n is due at t0 + n/rate whatever happened before; 64 connections take the next due request when free; latency runs from the due time, so queueing behind a slow call is counted (no coordinated omission). Requests alternate send and poll over the 64 agents of the c=64 mix. Peak = best calls/s of the mix at this replica count. `service` is from the moment the request went out; `dispatch lag` is how late it went out (tokio's timer has 1 ms resolution, so up to ~1 ms of lag is the generator's own).\n");
-        let _ = writeln!(w, "| replicas | peak calls/s | target rate | achieved | all p50 / p90 / p99 / p99.9 / max ms | send p50 / p99 | inbox p50 / p99 | service p50 / p99 | dispatch lag p50 / p99 | errors |");
-        let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(
+            w,
+            "Request n is due at t0 + n/rate whatever happened before; 64 connections take the next due request when free; latency runs from the due time, so queueing behind a slow call is counted (no coordinated omission). Requests alternate send and poll over the 64 agents of the c=64 mix. Peak = best calls/s of the mix at this replica count. `service` is from the moment the request went out; `dispatch lag` is how late it went out (tokio's timer has 1 ms resolution, so up to ~1 ms of lag is the generator's own).\n"
+        );
+        let _ = writeln!(
+            w,
+            "| replicas | peak calls/s | target rate | achieved | all p50 / p90 / p99 / p99.9 / max ms | send p50 / p99 | inbox p50 / p99 | service p50 / p99 | dispatch lag p50 / p99 | errors | other CPU (cores) |"
+        );
+        let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|---|");
         for x in &r.rate {
             let _ = writeln!(
                 w,
-                "| {} | {:.0} | {:.0} | {:.0} | {:.2} / {:.2} / {:.2} / {:.2} / {:.1} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {} |",
-                x.replicas, x.peak_calls, x.rate, x.achieved, x.all.p50, x.all.p90, x.all.p99, x.all.p999, x.all.max,
-                x.send.p50, x.send.p99, x.inbox.p50, x.inbox.p99, x.service.p50, x.service.p99, x.lag.p50, x.lag.p99, x.errors
+                "| {} | {:.0} | {:.0} | {:.0} | {:.2} / {:.2} / {:.2} / {:.2} / {:.1} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {} | {:.2} |",
+                x.replicas,
+                x.peak_calls,
+                x.rate,
+                x.achieved,
+                x.all.p50,
+                x.all.p90,
+                x.all.p99,
+                x.all.p999,
+                x.all.max,
+                x.send.p50,
+                x.send.p99,
+                x.inbox.p50,
+                x.inbox.p99,
+                x.service.p50,
+                x.service.p99,
+                x.lag.p50,
+                x.lag.p99,
+                x.errors,
+                x.other_cores
             );
         }
     }
 
     if !r.search.is_empty() {
         let _ = writeln!(w, "\n## 4. Search\n");
-        let seeds: Vec<String> = r.search_seed.iter().map(|(n, t)| format!("{n} in {t:.0} s")).collect();
-        let _ = writeln!(w, "Directory bulk-loaded with `generate_series` (not through the API): names like `invoice-assistant-123`, descriptions composed from 20 roles, 20 teams, 40 capabilities, 20 tools and extra sentences, 60 projects with a skewed distribution; 20 rare words, each in ~1 of 10,000 descriptions. Then `VACUUM ANALYZE`. {SEARCH_WORKERS} closed-loop connections, one replica, queries rotated within a category, `limit` 10. Seeding (cumulative): {}.\n", seeds.join(", "));
-        let _ = writeln!(w, "| agents | category | e.g. | p50 ms | p90 ms | p99 ms | max ms | calls | avg results | empty | errors |");
+        let seeds: Vec<String> = r
+            .search_seed
+            .iter()
+            .map(|(n, t, rebuilt)| format!("{n} in {t:.0} s{}", if *rebuilt { " (plain indexes dropped for the load and rebuilt from their own definitions)" } else { "" }))
+            .collect();
+        let _ = writeln!(
+            w,
+            "Directory bulk-loaded with `generate_series` (not through the API): names like `invoice-assistant-123`, descriptions composed from 20 roles, 20 teams, 40 capabilities, 20 tools and extra sentences, 60 projects with a skewed distribution; 20 rare words, each in ~1 of 10,000 descriptions. Then `VACUUM ANALYZE`. {SEARCH_WORKERS} closed-loop connections, one replica, queries rotated within a category, `limit` 10. Seeding (cumulative): {}.\n",
+            seeds.join(", ")
+        );
+        let _ = writeln!(
+            w,
+            "| agents | category | e.g. | p50 ms | p90 ms | p99 ms | max ms | calls | avg results | empty | errors |"
+        );
         let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|---|");
         for x in &r.search {
             let _ = writeln!(
                 w,
                 "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.1} | {} | {:.1} | {} | {} |",
-                x.size, x.category, x.example, x.lat.p50, x.lat.p90, x.lat.p99, x.lat.max, x.lat.count, x.avg_results, x.empty, x.errors
+                x.size,
+                x.category,
+                x.example,
+                x.lat.p50,
+                x.lat.p90,
+                x.lat.p99,
+                x.lat.max,
+                x.lat.count,
+                x.avg_results,
+                x.empty,
+                x.errors
             );
         }
     }
 
     if !r.growth.is_empty() {
         let _ = writeln!(w, "\n## 5. Inbox growth\n");
-        let _ = writeln!(w, "History bulk-loaded with `generate_series` (not through the API) over {GROWTH_AGENTS} agents: every message of the {GROWTH_MEASURED} measured agents read, 1 in 100 of the others' left unread; then `VACUUM ANALYZE` and `CHECKPOINT`. Measured with the open-loop send+poll schedule below saturation (same rate both times), {GROWTH_MEASURED} connections. Bulk load to the large size took {:.0} s.\n", r.growth_seed_secs);
-        let _ = writeln!(w, "| history messages | messages table + indexes | rate calls/s | inbox p50 / p90 / p99 ms | send p50 / p99 ms | errors |");
-        let _ = writeln!(w, "|---|---|---|---|---|---|");
+        let _ = writeln!(
+            w,
+            "History bulk-loaded with `generate_series` (not through the API; foreign-key triggers off for the loading sessions; for the large size the plain secondary indexes are dropped during the load and rebuilt from their own definitions, so they come out freshly packed) over {GROWTH_AGENTS} agents: every message of the {GROWTH_MEASURED} measured agents read, 1 in 100 of the others' left unread; then `VACUUM ANALYZE` and `CHECKPOINT`. Measured with the open-loop send+poll schedule below saturation (same rate both times), {GROWTH_MEASURED} connections. Bulk load to the large size took {:.0} s.\n",
+            r.growth_seed_secs
+        );
+        let _ = writeln!(
+            w,
+            "| history messages | messages table + indexes | rate calls/s | inbox p50 / p90 / p99 ms | send p50 / p99 ms | poll statement: mean µs, blocks/call | send statement: mean µs, blocks/call | errors | other CPU (cores) |"
+        );
+        let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|");
         for g in &r.growth {
             let _ = writeln!(
                 w,
-                "| {} | {:.0} MB | {:.0} | {:.2} / {:.2} / {:.2} | {:.2} / {:.2} | {} |",
-                g.history, g.table_mb, g.rate, g.inbox.p50, g.inbox.p90, g.inbox.p99, g.send.p50, g.send.p99, g.errors
+                "| {} | {:.0} MB | {:.0} | {:.2} / {:.2} / {:.2} | {:.2} / {:.2} | {} | {} | {} | {:.2} |",
+                g.history,
+                g.table_mb,
+                g.rate,
+                g.inbox.p50,
+                g.inbox.p90,
+                g.inbox.p99,
+                g.send.p50,
+                g.send.p99,
+                g.poll_db
+                    .map_or("—".into(), |(us, b)| format!("{us:.0} µs, {b:.1}")),
+                g.send_db
+                    .map_or("—".into(), |(us, b)| format!("{us:.0} µs, {b:.1}")),
+                g.errors,
+                g.other_cores
             );
         }
     }
 
     if !r.mem.is_empty() {
         let _ = writeln!(w, "\n## 6. Memory per replica\n");
-        let _ = writeln!(w, "From /proc/PID/status. Idle: after start-up (migrations), `/health` and one MCP handshake, 1 s later. Loaded: at the end of the phases named, VmHWM is the peak.\n");
-        let _ = writeln!(w, "| replica | idle VmRSS MB | after load VmRSS MB | peak VmHWM MB | load |");
+        let _ = writeln!(
+            w,
+            "From /proc/PID/status. Idle: after start-up (migrations), `/health` and one MCP handshake, 1 s later. Loaded: at the end of the phases named, VmHWM is the peak.\n"
+        );
+        let _ = writeln!(
+            w,
+            "| replica | idle VmRSS MB | after load VmRSS MB | peak VmHWM MB | load |"
+        );
         let _ = writeln!(w, "|---|---|---|---|---|");
         for m in &r.mem {
-            let _ = writeln!(w, "| {} | {:.1} | {:.1} | {:.1} | {} |", m.role, mb(m.idle.rss_kb), mb(m.loaded.rss_kb), mb(m.loaded.hwm_kb), m.phase);
+            let _ = writeln!(
+                w,
+                "| {} | {:.1} | {:.1} | {:.1} | {} |",
+                m.role,
+                mb(m.idle.rss_kb),
+                mb(m.loaded.rss_kb),
+                mb(m.loaded.hwm_kb),
+                m.phase
+            );
         }
     }
     s

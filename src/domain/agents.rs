@@ -84,7 +84,10 @@ impl SearchRequest {
                 ));
             }
             Some(q) if q.contains('\0') => {
-                return Err(InvalidInput::new("query", "contains a NUL character (U+0000)"));
+                return Err(InvalidInput::new(
+                    "query",
+                    "contains a NUL character (U+0000)",
+                ));
             }
             Some(q) => Some(q.to_owned()),
         };
@@ -100,7 +103,12 @@ impl SearchRequest {
             ));
         }
         let offset = cursor.map(decode_cursor).transpose()?.unwrap_or(0);
-        Ok(Self { query, project, limit, offset })
+        Ok(Self {
+            query,
+            project,
+            limit,
+            offset,
+        })
     }
 }
 
@@ -157,9 +165,19 @@ fn tsqueries(words: &[String]) -> TsQueries {
     let prefixed: Vec<String> = words
         .iter()
         .enumerate()
-        .map(|(i, w)| if i + 1 == words.len() { format!("{w}:*") } else { w.clone() })
+        .map(|(i, w)| {
+            if i + 1 == words.len() {
+                format!("{w}:*")
+            } else {
+                w.clone()
+            }
+        })
         .collect();
-    TsQueries { all: prefixed.join(" & "), any: prefixed.join(" | "), any_whole: words.join(" | ") }
+    TsQueries {
+        all: prefixed.join(" & "),
+        any: prefixed.join(" | "),
+        any_whole: words.join(" | "),
+    }
 }
 
 pub fn timestamp(t: DateTime<Utc>) -> String {
@@ -172,7 +190,9 @@ fn card(row: &tokio_postgres::Row) -> AgentCard {
         description: row.get("description"),
         project: row.get("project"),
         registered_at: timestamp(row.get("registered_at")),
-        last_seen_at: row.get::<_, Option<DateTime<Utc>>>("last_seen_at").map(timestamp),
+        last_seen_at: row
+            .get::<_, Option<DateTime<Utc>>>("last_seen_at")
+            .map(timestamp),
     }
 }
 
@@ -211,7 +231,13 @@ impl Phone {
             None => {
                 let bucket = limits::register_bucket(client_address);
                 self.check_block(&bucket, "registrations")?;
-                self.count(bucket, REGISTER_WINDOW, self.limits().registrations, "registrations").await?;
+                self.count(
+                    bucket,
+                    REGISTER_WINDOW,
+                    self.limits().registrations,
+                    "registrations",
+                )
+                .await?;
                 let client = self.pool().get().await?;
                 let token = Token::generate();
                 let hash = token.hash();
@@ -257,7 +283,9 @@ impl Phone {
                          FROM agents WHERE name = $1",
                     )
                     .await?;
-                let row = client.query_one(&stmt, &[&req.name.as_str(), &NAME_RESERVATION_DAYS]).await?;
+                let row = client
+                    .query_one(&stmt, &[&req.name.as_str(), &NAME_RESERVATION_DAYS])
+                    .await?;
                 match row.get::<_, Option<DateTime<Utc>>>("reserved_until") {
                     Some(until) if !row.get::<_, Option<bool>>("active").unwrap_or(false) => {
                         Err(PhoneError::NameReserved(req.name, timestamp(until)))
@@ -266,7 +294,10 @@ impl Phone {
                 }
             }
             Some(token) => {
-                self.check_block(&limits::auth_bucket_for_address(client_address), AUTH_FAILURES)?;
+                self.check_block(
+                    &limits::auth_bucket_for_address(client_address),
+                    AUTH_FAILURES,
+                )?;
                 let client = self.pool().get().await?;
                 let stmt = client
                     .prepare_cached(
@@ -280,7 +311,12 @@ impl Phone {
                 let updated = client
                     .query_opt(
                         &stmt,
-                        &[&req.name.as_str(), &hash.as_bytes(), &req.description, &req.project],
+                        &[
+                            &req.name.as_str(),
+                            &hash.as_bytes(),
+                            &req.description,
+                            &req.project,
+                        ],
                     )
                     .await?;
                 if updated.is_some() {
@@ -300,7 +336,8 @@ impl Phone {
                     .await?
                     .is_some();
                 drop(client);
-                self.count_auth_failure(client_address, Some(&req.name)).await?;
+                self.count_auth_failure(client_address, Some(&req.name))
+                    .await?;
                 if exists {
                     Err(PhoneError::Unauthenticated(
                         "name already registered, and this token is not its token. Use the token issued for this name, or pick another name",
@@ -317,8 +354,15 @@ impl Phone {
     /// Resolves a token to its agent. The comparison is on SHA-256 digests
     /// through a unique index, so the plaintext is never compared.
     pub async fn authenticate(&self, creds: &Credentials) -> Result<Caller, PhoneError> {
-        let (hash, claimed, client_address) = (creds.token, creds.claimed.as_ref(), creds.client_address.as_str());
-        self.check_block(&limits::auth_bucket_for_address(client_address), AUTH_FAILURES)?;
+        let (hash, claimed, client_address) = (
+            creds.token,
+            creds.claimed.as_ref(),
+            creds.client_address.as_str(),
+        );
+        self.check_block(
+            &limits::auth_bucket_for_address(client_address),
+            AUTH_FAILURES,
+        )?;
         let client = self.pool().get().await?;
         let stmt = client
             .prepare_cached(
@@ -327,7 +371,10 @@ impl Phone {
                  FROM agents WHERE token_hash = $1 AND unregistered_at IS NULL",
             )
             .await?;
-        let Some(row) = client.query_opt(&stmt, &[&hash.as_bytes(), &PRESENCE_INTERVAL_SECS]).await? else {
+        let Some(row) = client
+            .query_opt(&stmt, &[&hash.as_bytes(), &PRESENCE_INTERVAL_SECS])
+            .await?
+        else {
             drop(client);
             self.count_auth_failure(client_address, claimed).await?;
             return Err(PhoneError::Unauthenticated(
@@ -339,12 +386,17 @@ impl Phone {
             && claimed != &name
         {
             drop(client);
-            self.count_auth_failure(client_address, Some(claimed)).await?;
+            self.count_auth_failure(client_address, Some(claimed))
+                .await?;
             return Err(PhoneError::Unauthenticated(
                 "this token belongs to a different agent than `name`. Use each agent's own name and token together",
             ));
         }
-        let caller = Caller { id: row.get("id"), name, project: row.get("project") };
+        let caller = Caller {
+            id: row.get("id"),
+            name,
+            project: row.get("project"),
+        };
         if row.get::<_, bool>("stale") {
             let stmt = client
                 .prepare_cached("UPDATE agents SET last_seen_at = now() WHERE id = $1")
@@ -370,7 +422,9 @@ impl Phone {
                          LIMIT $2 OFFSET $3",
                     )
                     .await?;
-                client.query(&stmt, &[&req.project, &fetch, &req.offset]).await?
+                client
+                    .query(&stmt, &[&req.project, &fetch, &req.offset])
+                    .await?
             }
             Some(query) => {
                 let words = query_words(query);
@@ -397,7 +451,15 @@ impl Phone {
                 client
                     .query(
                         &stmt,
-                        &[&q.any, &q.all, &exact_name, &req.project, &fetch, &req.offset, &q.any_whole],
+                        &[
+                            &q.any,
+                            &q.all,
+                            &exact_name,
+                            &req.project,
+                            &fetch,
+                            &req.offset,
+                            &q.any_whole,
+                        ],
                     )
                     .await?
             }
@@ -410,7 +472,10 @@ impl Phone {
         } else {
             None
         };
-        Ok(SearchResult { agents, next_cursor })
+        Ok(SearchResult {
+            agents,
+            next_cursor,
+        })
     }
 }
 
@@ -420,7 +485,10 @@ mod tests {
 
     #[test]
     fn hostile_text_becomes_plain_words() {
-        assert_eq!(query_words("foo & (bar | !baz):* 'x' -- ;DROP"), ["foo", "bar", "baz", "x", "drop"]);
+        assert_eq!(
+            query_words("foo & (bar | !baz):* 'x' -- ;DROP"),
+            ["foo", "bar", "baz", "x", "drop"]
+        );
         assert!(query_words("&|!():*<->").is_empty());
         let q = tsqueries(&query_words("Invoice mail"));
         assert_eq!(q.all, "invoice & mail:*");
@@ -446,11 +514,21 @@ impl Phone {
         claimed: Option<&AgentName>,
     ) -> Result<(), PhoneError> {
         let limit = self.limits().auth_failures;
-        self.count(limits::auth_bucket_for_address(client_address), AUTH_WINDOW, limit, AUTH_FAILURES)
-            .await?;
+        self.count(
+            limits::auth_bucket_for_address(client_address),
+            AUTH_WINDOW,
+            limit,
+            AUTH_FAILURES,
+        )
+        .await?;
         if let Some(name) = claimed {
-            self.count(limits::auth_bucket_for_name(name.as_str()), AUTH_WINDOW, limit, AUTH_FAILURES)
-                .await?;
+            self.count(
+                limits::auth_bucket_for_name(name.as_str()),
+                AUTH_WINDOW,
+                limit,
+                AUTH_FAILURES,
+            )
+            .await?;
         }
         Ok(())
     }
@@ -468,8 +546,13 @@ impl Phone {
         let row = client
             .query_opt(&stmt, &[&me.id, &token.hash().as_bytes()])
             .await?
-            .ok_or(PhoneError::Unauthenticated("this agent is no longer registered"))?;
-        Ok(Rotated { name: row.get("name"), token: token.reveal().to_owned() })
+            .ok_or(PhoneError::Unauthenticated(
+                "this agent is no longer registered",
+            ))?;
+        Ok(Rotated {
+            name: row.get("name"),
+            token: token.reveal().to_owned(),
+        })
     }
 
     /// Removes the agent from the directory and revokes its token. Its
@@ -487,9 +570,14 @@ impl Phone {
             )
             .await?;
         let row = client
-            .query_opt(&stmt, &[&me.id, &revoked.as_bytes(), &NAME_RESERVATION_DAYS])
+            .query_opt(
+                &stmt,
+                &[&me.id, &revoked.as_bytes(), &NAME_RESERVATION_DAYS],
+            )
             .await?
-            .ok_or(PhoneError::Unauthenticated("this agent is no longer registered"))?;
+            .ok_or(PhoneError::Unauthenticated(
+                "this agent is no longer registered",
+            ))?;
         Ok(Unregistered {
             name: row.get("name"),
             unregistered_at: timestamp(row.get("unregistered_at")),

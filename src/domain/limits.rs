@@ -28,7 +28,11 @@ pub struct Limits {
 
 impl Limits {
     pub fn new(auth_failures: u32, registrations: u32) -> Self {
-        Self { auth_failures, registrations, blocked: Mutex::default() }
+        Self {
+            auth_failures,
+            registrations,
+            blocked: Mutex::default(),
+        }
     }
 
     /// The time a block on `bucket` ends, if this replica knows of one.
@@ -98,13 +102,16 @@ impl Phone {
                            extract(epoch FROM window_start + make_interval(secs => $2) - now())::float8 AS seconds_left",
             )
             .await?;
-        let row = client.query_one(&stmt, &[&bucket, &window.as_secs_f64()]).await?;
+        let row = client
+            .query_one(&stmt, &[&bucket, &window.as_secs_f64()])
+            .await?;
         let hits: i32 = row.get("hits");
         if hits as i64 > i64::from(limit) {
             let retry_at = timestamp(row.get::<_, DateTime<Utc>>("resets_at"));
             let left = Duration::from_secs_f64(row.get::<_, f64>("seconds_left").max(0.0));
             tracing::warn!(bucket = %bucket, hits, "rate limit reached");
-            self.limits().remember(bucket, Instant::now() + left, retry_at.clone());
+            self.limits()
+                .remember(bucket, Instant::now() + left, retry_at.clone());
             return Err(PhoneError::RateLimited { what, retry_at });
         }
         Ok(())

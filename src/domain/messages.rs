@@ -7,11 +7,11 @@ use base64::Engine as _;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
+use super::agents::AUTH_FAILURES;
 use super::agents::timestamp;
+use super::limits;
 use super::types::{self, AgentName, IdempotencyKey, InvalidInput, MessageId};
 use super::wakeup::CHANNEL;
-use super::agents::AUTH_FAILURES;
-use super::limits;
 use super::{CALLER_CTE, Caller, Credentials, Phone, PhoneError};
 
 #[derive(Debug, Clone)]
@@ -32,7 +32,9 @@ impl SendRequest {
         idempotency_key: Option<&str>,
     ) -> Result<Self, InvalidInput> {
         let to = to.map(|t| AgentName::parse("to", t)).transpose()?;
-        let reply_to = reply_to.map(|r| MessageId::parse("reply_to", r)).transpose()?;
+        let reply_to = reply_to
+            .map(|r| MessageId::parse("reply_to", r))
+            .transpose()?;
         if to.is_none() && reply_to.is_none() {
             return Err(InvalidInput::new(
                 "to",
@@ -117,12 +119,15 @@ impl InboxRequest {
             }
         };
         if lease_seconds.is_some() && !lease {
-            return Err(InvalidInput::new("lease_seconds", "only applies with mode \"lease\""));
+            return Err(InvalidInput::new(
+                "lease_seconds",
+                "only applies with mode \"lease\"",
+            ));
         }
         let mode = match (lease, peek, include_read) {
-            (true, false, false) => {
-                InboxMode::Lease { seconds: lease_seconds.unwrap_or(LEASE_SECONDS_DEFAULT) }
-            }
+            (true, false, false) => InboxMode::Lease {
+                seconds: lease_seconds.unwrap_or(LEASE_SECONDS_DEFAULT),
+            },
             (true, _, _) => {
                 return Err(InvalidInput::new(
                     "mode",
@@ -141,9 +146,16 @@ impl InboxRequest {
             ));
         }
         if wait > 0 && mode == InboxMode::History {
-            return Err(InvalidInput::new("wait_seconds", "cannot be combined with include_read"));
+            return Err(InvalidInput::new(
+                "wait_seconds",
+                "cannot be combined with include_read",
+            ));
         }
-        Ok(Self { limit, mode, wait: Duration::from_secs(wait.into()) })
+        Ok(Self {
+            limit,
+            mode,
+            wait: Duration::from_secs(wait.into()),
+        })
     }
 }
 
@@ -228,7 +240,10 @@ pub fn decode_cursor(raw: &str) -> Result<i64, InvalidInput> {
         .and_then(|s| s.strip_prefix("m:").and_then(|n| n.parse::<i64>().ok()))
         .filter(|n| *n >= 0)
         .ok_or_else(|| {
-            InvalidInput::new("cursor", "is not a cursor from this server; pass next_cursor back unchanged")
+            InvalidInput::new(
+                "cursor",
+                "is not a cursor from this server; pass next_cursor back unchanged",
+            )
         })
 }
 
@@ -244,13 +259,18 @@ fn message(row: &tokio_postgres::Row, leased: bool) -> Message {
         to: row.get("recipient"),
         subject: row.get("subject"),
         body: row.get("body"),
-        reply_to: row.get::<_, Option<i64>>("reply_to").map(|id| MessageId(id).to_string()),
+        reply_to: row
+            .get::<_, Option<i64>>("reply_to")
+            .map(|id| MessageId(id).to_string()),
         thread_id: MessageId(row.get("thread_id")).to_string(),
         sent_at: timestamp(row.get("sent_at")),
-        read_at: row.get::<_, Option<DateTime<Utc>>>("read_at").map(timestamp),
+        read_at: row
+            .get::<_, Option<DateTime<Utc>>>("read_at")
+            .map(timestamp),
         delivery_count: row.get("delivery_count"),
         lease_expires_at: if leased {
-            row.get::<_, Option<DateTime<Utc>>>("leased_until").map(timestamp)
+            row.get::<_, Option<DateTime<Utc>>>("leased_until")
+                .map(timestamp)
         } else {
             None
         },
@@ -262,14 +282,21 @@ const FALLBACK_RECHECK: Duration = Duration::from_secs(2);
 
 impl Phone {
     pub async fn send(&self, creds: &Credentials, req: SendRequest) -> Result<Sent, PhoneError> {
-        self.check_block(&limits::auth_bucket_for_address(&creds.client_address), AUTH_FAILURES)?;
+        self.check_block(
+            &limits::auth_bucket_for_address(&creds.client_address),
+            AUTH_FAILURES,
+        )?;
         let client = self.pool().get().await?;
         let claimed = creds.claimed.as_ref().map(AgentName::as_str);
 
         // A reply goes to the other party of the original (by id, so a name
         // released and re-registered since cannot receive it) and joins its thread.
         let (to, to_id, thread_id) = match req.reply_to {
-            None => (req.to.clone().expect("parse requires to or reply_to"), None, None),
+            None => (
+                req.to.clone().expect("parse requires to or reply_to"),
+                None,
+                None,
+            ),
             Some(original) => {
                 let stmt = client
                     .prepare_cached(
@@ -286,7 +313,10 @@ impl Phone {
                            ON m.id = $3 AND (m.sender_id = me.id OR m.recipient_id = me.id)",
                     )
                     .await?;
-                let Some(row) = client.query_opt(&stmt, &[&creds.token.as_bytes(), &claimed, &original.0]).await? else {
+                let Some(row) = client
+                    .query_opt(&stmt, &[&creds.token.as_bytes(), &claimed, &original.0])
+                    .await?
+                else {
                     drop(client);
                     return Err(self.authentication_error(creds).await);
                 };
@@ -302,7 +332,11 @@ impl Phone {
                         other: other.to_string(),
                     });
                 }
-                (other, Some(row.get::<_, i64>("other_id")), Some(row.get::<_, i64>("thread_id")))
+                (
+                    other,
+                    Some(row.get::<_, i64>("other_id")),
+                    Some(row.get::<_, i64>("thread_id")),
+                )
             }
         };
 
@@ -411,8 +445,15 @@ impl Phone {
     /// Polls once; with `wait`, and nothing to return, waits for mail to
     /// arrive (a notification from any replica) or for the time to run out.
     pub async fn inbox(&self, creds: &Credentials, req: InboxRequest) -> Result<Inbox, PhoneError> {
-        self.check_block(&limits::auth_bucket_for_address(&creds.client_address), AUTH_FAILURES)?;
-        let (me_id, first) = match self.poll(creds, req).await? {
+        self.check_block(
+            &limits::auth_bucket_for_address(&creds.client_address),
+            AUTH_FAILURES,
+        )?;
+        let (me_id, first) = match self
+            .poll(creds, req)
+            .await
+            .map_err(|e| taken_hint(e, req))?
+        {
             Some(polled) => polled,
             None => return Err(self.authentication_error(creds).await),
         };
@@ -426,7 +467,11 @@ impl Phone {
             loop {
                 // The first round covers mail that arrived before the waiter
                 // row was visible to senders.
-                let latest = match self.poll(creds, req).await? {
+                let latest = match self
+                    .poll(creds, req)
+                    .await
+                    .map_err(|e| taken_hint(e, req))?
+                {
                     Some((_, polled)) => polled,
                     // Revoked while waiting.
                     None => return Err(self.authentication_error(creds).await),
@@ -434,7 +479,11 @@ impl Phone {
                 if !latest.messages.is_empty() {
                     return Ok(latest);
                 }
-                let recheck = if self.wakeup().is_listening() { req.wait } else { FALLBACK_RECHECK };
+                let recheck = if self.wakeup().is_listening() {
+                    req.wait
+                } else {
+                    FALLBACK_RECHECK
+                };
                 tokio::select! {
                     changed = subscription.changes.changed() => {
                         if changed.is_err() { return Ok(latest); }
@@ -468,7 +517,9 @@ impl Phone {
     async fn remove_waiter(&self, id: i64) {
         let outcome = async {
             let client = self.pool().get().await?;
-            let stmt = client.prepare_cached("DELETE FROM inbox_waiters WHERE id = $1").await?;
+            let stmt = client
+                .prepare_cached("DELETE FROM inbox_waiters WHERE id = $1")
+                .await?;
             client.execute(&stmt, &[&id]).await?;
             Ok::<_, PhoneError>(())
         }
@@ -482,7 +533,11 @@ impl Phone {
     /// One poll in one statement (one round trip), the caller verified
     /// inside it. `None` when the credentials were not accepted; otherwise
     /// the caller's id and what the poll returned.
-    async fn poll(&self, creds: &Credentials, req: InboxRequest) -> Result<Option<(i64, Inbox)>, PhoneError> {
+    async fn poll(
+        &self,
+        creds: &Credentials,
+        req: InboxRequest,
+    ) -> Result<Option<(i64, Inbox)>, PhoneError> {
         let client = self.pool().get().await?;
         let limit = i64::from(req.limit);
         let available = "m.recipient_id = (SELECT id FROM me) AND m.read_at IS NULL
@@ -553,9 +608,18 @@ impl Phone {
         let rows = match req.mode {
             InboxMode::Lease { seconds } => {
                 let seconds = f64::from(seconds);
-                client.query(&stmt, &[&token, &claimed, &limit, &UNREAD_COUNT_CAP, &seconds]).await?
+                client
+                    .query(
+                        &stmt,
+                        &[&token, &claimed, &limit, &UNREAD_COUNT_CAP, &seconds],
+                    )
+                    .await?
             }
-            _ => client.query(&stmt, &[&token, &claimed, &limit, &UNREAD_COUNT_CAP]).await?,
+            _ => {
+                client
+                    .query(&stmt, &[&token, &claimed, &limit, &UNREAD_COUNT_CAP])
+                    .await?
+            }
         };
         let Some(first) = rows.first() else {
             return Ok(None);
@@ -575,7 +639,13 @@ impl Phone {
             InboxMode::Peek | InboxMode::History => 0,
         };
         let unread_remaining = (waiting - taken).clamp(0, UNREAD_COUNT_CAP);
-        Ok(Some((me_id, Inbox { messages, unread_remaining })))
+        Ok(Some((
+            me_id,
+            Inbox {
+                messages,
+                unread_remaining,
+            },
+        )))
     }
 
     /// Acknowledges leased (or any received) messages: they will not come back.
@@ -594,8 +664,12 @@ impl Phone {
                  SELECT id FROM messages WHERE recipient_id = $1 AND id = ANY($2) AND acked_at IS NOT NULL",
             )
             .await?;
-        let done: std::collections::HashSet<i64> =
-            client.query(&stmt, &[&me.id, &raw]).await?.iter().map(|r| r.get(0)).collect();
+        let done: std::collections::HashSet<i64> = client
+            .query(&stmt, &[&me.id, &raw])
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
         let (acknowledged, not_found): (Vec<MessageId>, Vec<MessageId>) =
             ids.iter().partition(|m| done.contains(&m.0));
         Ok(Acked {
@@ -605,7 +679,12 @@ impl Phone {
     }
 
     /// What the caller sent, newest first, with each message's state.
-    pub async fn outbox(&self, me: &Caller, limit: u32, before: Option<i64>) -> Result<Outbox, PhoneError> {
+    pub async fn outbox(
+        &self,
+        me: &Caller,
+        limit: u32,
+        before: Option<i64>,
+    ) -> Result<Outbox, PhoneError> {
         let client = self.pool().get().await?;
         let stmt = client
             .prepare_cached(
@@ -630,22 +709,32 @@ impl Phone {
                 to: row.get("recipient"),
                 subject: row.get("subject"),
                 body: row.get("body"),
-                reply_to: row.get::<_, Option<i64>>("reply_to").map(|id| MessageId(id).to_string()),
+                reply_to: row
+                    .get::<_, Option<i64>>("reply_to")
+                    .map(|id| MessageId(id).to_string()),
                 thread_id: MessageId(row.get("thread_id")).to_string(),
                 state: row.get("state"),
                 sent_at: timestamp(row.get("sent_at")),
-                read_at: row.get::<_, Option<DateTime<Utc>>>("read_at").map(timestamp),
-                acknowledged_at: row.get::<_, Option<DateTime<Utc>>>("acked_at").map(timestamp),
+                read_at: row
+                    .get::<_, Option<DateTime<Utc>>>("read_at")
+                    .map(timestamp),
+                acknowledged_at: row
+                    .get::<_, Option<DateTime<Utc>>>("acked_at")
+                    .map(timestamp),
                 delivery_count: row.get("delivery_count"),
             })
             .collect();
         let next_cursor = if messages.len() > limit as usize {
             messages.truncate(limit as usize);
-            rows.get(limit as usize - 1).map(|r| encode_cursor(r.get("id")))
+            rows.get(limit as usize - 1)
+                .map(|r| encode_cursor(r.get("id")))
         } else {
             None
         };
-        Ok(Outbox { messages, next_cursor })
+        Ok(Outbox {
+            messages,
+            next_cursor,
+        })
     }
 
     /// The conversation a message belongs to, oldest first, for its
@@ -681,27 +770,55 @@ impl Phone {
             ))
             .await?;
         let fetch = i64::from(limit) + 1;
-        let rows = client.query(&stmt, &[&thread_id, &me.id, &after, &fetch]).await?;
+        let rows = client
+            .query(&stmt, &[&thread_id, &me.id, &after, &fetch])
+            .await?;
         let mut messages: Vec<Message> = rows.iter().map(|r| message(r, false)).collect();
         let next_cursor = if messages.len() > limit as usize {
             messages.truncate(limit as usize);
-            rows.get(limit as usize - 1).map(|r| encode_cursor(r.get("id")))
+            rows.get(limit as usize - 1)
+                .map(|r| encode_cursor(r.get("id")))
         } else {
             None
         };
-        Ok(Thread { thread_id: MessageId(thread_id).to_string(), messages, next_cursor })
+        Ok(Thread {
+            thread_id: MessageId(thread_id).to_string(),
+            messages,
+            next_cursor,
+        })
+    }
+}
+
+/// A read-mode poll that loses its database connection may have committed
+/// before the loss: the messages it took are read, and a plain retry will
+/// not return them. Say where they are.
+fn taken_hint(err: PhoneError, req: InboxRequest) -> PhoneError {
+    match err {
+        PhoneError::Unavailable(reason) if req.mode == InboxMode::Read => {
+            PhoneError::Unavailable(format!(
+                "{reason}; if this poll got through before the failure, what it took is marked read: \
+             see phone_inbox include_read=true, or poll with mode=lease"
+            ))
+        }
+        other => other,
     }
 }
 
 /// Parses the `ids` of phone_ack.
 pub fn parse_ack_ids(raw: &[&str]) -> Result<Vec<MessageId>, InvalidInput> {
     if raw.is_empty() {
-        return Err(InvalidInput::new("ids", "must list at least one message id"));
+        return Err(InvalidInput::new(
+            "ids",
+            "must list at least one message id",
+        ));
     }
     if raw.len() > ACK_IDS_MAX {
         return Err(InvalidInput::new(
             "ids",
-            format!("lists {} ids; acknowledge at most {ACK_IDS_MAX} per call", raw.len()),
+            format!(
+                "lists {} ids; acknowledge at most {ACK_IDS_MAX} per call",
+                raw.len()
+            ),
         ));
     }
     raw.iter().map(|id| MessageId::parse("ids", id)).collect()

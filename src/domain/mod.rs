@@ -38,7 +38,10 @@ pub enum PhoneError {
     #[error("name '{0}' was unregistered recently and stays reserved until {1}; pick another name")]
     NameReserved(AgentName, String),
     #[error("too many {what} from here; retry after {retry_at}")]
-    RateLimited { what: &'static str, retry_at: String },
+    RateLimited {
+        what: &'static str,
+        retry_at: String,
+    },
     #[error("the mailbox is temporarily unavailable ({0}); retry in a few seconds")]
     Unavailable(String),
     #[error("internal error; retry later")]
@@ -49,8 +52,11 @@ impl From<StoreError> for PhoneError {
     fn from(err: StoreError) -> Self {
         if err.is_unavailable() {
             tracing::warn!(error = %err, "database unavailable");
+            let timed_out = matches!(&err, StoreError::Query(e)
+                if e.code().is_some_and(|c| c.code() == "57014" || c.code() == "55P03"));
             match err {
                 StoreError::Unavailable(reason) => Self::Unavailable(reason),
+                _ if timed_out => Self::Unavailable("the database is busy".into()),
                 _ => Self::Unavailable("database unreachable".into()),
             }
         } else {
@@ -108,7 +114,12 @@ impl Phone {
         shutdown: CancellationToken,
         limits: limits::Limits,
     ) -> Self {
-        Self { pool, wakeup, shutdown, limits: Arc::new(limits) }
+        Self {
+            pool,
+            wakeup,
+            shutdown,
+            limits: Arc::new(limits),
+        }
     }
 
     pub fn limits(&self) -> &limits::Limits {

@@ -15,7 +15,10 @@ pub struct InvalidInput {
 
 impl InvalidInput {
     pub fn new(field: &'static str, reason: impl Into<String>) -> Self {
-        Self { field, reason: reason.into() }
+        Self {
+            field,
+            reason: reason.into(),
+        }
     }
 }
 
@@ -40,7 +43,10 @@ impl AgentName {
         if name.len() > NAME_MAX {
             return Err(InvalidInput::new(
                 field,
-                format!("is {} characters long; the limit is {NAME_MAX}", name.chars().count()),
+                format!(
+                    "is {} characters long; the limit is {NAME_MAX}",
+                    name.chars().count()
+                ),
             ));
         }
         if let Some(bad) = name
@@ -71,7 +77,11 @@ impl fmt::Display for AgentName {
 
 /// Free text shown to other agents (description, project, subject): one line,
 /// no control characters, bounded.
-pub fn single_line(field: &'static str, raw: &str, max_chars: usize) -> Result<String, InvalidInput> {
+pub fn single_line(
+    field: &'static str,
+    raw: &str,
+    max_chars: usize,
+) -> Result<String, InvalidInput> {
     let text = raw.trim();
     if text.is_empty() {
         return Err(InvalidInput::new(field, "must not be empty"));
@@ -90,7 +100,9 @@ pub fn description(raw: &str) -> Result<String, InvalidInput> {
             "must not be empty; say what this agent can do, so others can find it",
         ));
     }
-    check_chars("description", text, |c| c.is_control() && c != '\n' && c != '\t')?;
+    check_chars("description", text, |c| {
+        c.is_control() && c != '\n' && c != '\t'
+    })?;
     check_len("description", text, DESCRIPTION_MAX)?;
     Ok(text.to_owned())
 }
@@ -114,7 +126,11 @@ pub fn body(raw: &str) -> Result<String, InvalidInput> {
     Ok(raw.to_owned())
 }
 
-fn check_chars(field: &'static str, text: &str, bad: impl Fn(char) -> bool) -> Result<(), InvalidInput> {
+fn check_chars(
+    field: &'static str,
+    text: &str,
+    bad: impl Fn(char) -> bool,
+) -> Result<(), InvalidInput> {
     match text.chars().find(|&c| bad(c)) {
         Some(c) => Err(InvalidInput::new(
             field,
@@ -127,7 +143,10 @@ fn check_chars(field: &'static str, text: &str, bad: impl Fn(char) -> bool) -> R
 fn check_len(field: &'static str, text: &str, max_chars: usize) -> Result<(), InvalidInput> {
     let n = text.chars().count();
     if n > max_chars {
-        Err(InvalidInput::new(field, format!("is {n} characters long; the limit is {max_chars}")))
+        Err(InvalidInput::new(
+            field,
+            format!("is {n} characters long; the limit is {max_chars}"),
+        ))
     } else {
         Ok(())
     }
@@ -238,7 +257,10 @@ impl IdempotencyKey {
     pub fn parse(raw: &str) -> Result<Self, InvalidInput> {
         let key = raw.trim();
         if key.is_empty() {
-            return Err(InvalidInput::new("idempotency_key", "must not be empty when given"));
+            return Err(InvalidInput::new(
+                "idempotency_key",
+                "must not be empty when given",
+            ));
         }
         check_chars("idempotency_key", key, |c| c.is_control())?;
         check_len("idempotency_key", key, IDEMPOTENCY_KEY_MAX)?;
@@ -256,12 +278,20 @@ mod tests {
 
     #[test]
     fn names_are_lowercased_and_checked() {
-        assert_eq!(AgentName::parse("name", " Email.Bot_2 ").unwrap().as_str(), "email.bot_2");
+        assert_eq!(
+            AgentName::parse("name", " Email.Bot_2 ").unwrap().as_str(),
+            "email.bot_2"
+        );
         assert!(AgentName::parse("name", "").is_err());
         assert!(AgentName::parse("name", &"a".repeat(65)).is_err());
         assert!(AgentName::parse("name", &"a".repeat(64)).is_ok());
-        for bad in ["a b", "émail", "a/b", "a\0b", "аdmin" /* Cyrillic а */] {
-            assert!(AgentName::parse("name", bad).is_err(), "{bad:?} should be refused");
+        for bad in [
+            "a b", "émail", "a/b", "a\0b", "аdmin", /* Cyrillic а */
+        ] {
+            assert!(
+                AgentName::parse("name", bad).is_err(),
+                "{bad:?} should be refused"
+            );
         }
     }
 
@@ -269,19 +299,35 @@ mod tests {
     fn tokens_round_trip_and_hide() {
         let token = Token::generate();
         assert_eq!(token.reveal().len(), TOKEN_LEN);
-        assert_eq!(Token::parse(token.reveal()).unwrap().reveal(), token.reveal());
+        assert_eq!(
+            Token::parse(token.reveal()).unwrap().reveal(),
+            token.reveal()
+        );
         assert_ne!(Token::generate().reveal(), token.reveal());
         assert!(!format!("{token:?}").contains(token.reveal()));
         assert!(Token::parse("phn_short").is_err());
         assert!(Token::parse(&format!("xyz_{}", &token.reveal()[4..])).is_err());
-        assert_eq!(token.hash().0, <[u8; 32]>::from(Sha256::digest(token.reveal().as_bytes())));
+        assert_eq!(
+            token.hash().0,
+            <[u8; 32]>::from(Sha256::digest(token.reveal().as_bytes()))
+        );
     }
 
     #[test]
     fn message_ids_are_opaque_strings() {
-        assert_eq!(MessageId::parse("reply_to", "msg_42").unwrap(), MessageId(42));
+        assert_eq!(
+            MessageId::parse("reply_to", "msg_42").unwrap(),
+            MessageId(42)
+        );
         assert_eq!(MessageId(42).to_string(), "msg_42");
-        for bad in ["42", "msg_", "msg_-1", "msg_0", "msg_1x", "msg_99999999999999999999"] {
+        for bad in [
+            "42",
+            "msg_",
+            "msg_-1",
+            "msg_0",
+            "msg_1x",
+            "msg_99999999999999999999",
+        ] {
             assert!(MessageId::parse("reply_to", bad).is_err(), "{bad}");
         }
     }

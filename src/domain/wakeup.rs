@@ -50,10 +50,16 @@ impl Drop for Subscription {
 impl Wakeup {
     pub fn subscribe(self: &Arc<Self>, agent_id: i64) -> Subscription {
         let mut agents = self.agents.lock().expect("wakeup lock");
-        let entry = agents.entry(agent_id).or_insert_with(|| (watch::channel(0).0, 0));
+        let entry = agents
+            .entry(agent_id)
+            .or_insert_with(|| (watch::channel(0).0, 0));
         entry.1 += 1;
         let changes = entry.0.subscribe();
-        Subscription { wakeup: self.clone(), agent_id, changes }
+        Subscription {
+            wakeup: self.clone(),
+            agent_id,
+            changes,
+        }
     }
 
     /// Whether notifications currently arrive; when not, waiters re-check
@@ -64,7 +70,12 @@ impl Wakeup {
 
     /// Local waiters right now (for metrics and tests).
     pub fn waiters(&self) -> usize {
-        self.agents.lock().expect("wakeup lock").values().map(|(_, n)| n).sum()
+        self.agents
+            .lock()
+            .expect("wakeup lock")
+            .values()
+            .map(|(_, n)| n)
+            .sum()
     }
 
     fn wake(&self, agent_id: i64) {
@@ -86,7 +97,8 @@ impl Wakeup {
         let mut backoff = Duration::from_millis(200);
         loop {
             let attempt = async {
-                let (client, mut connection) = tokio_postgres::connect(&database_url, NoTls).await?;
+                let (client, mut connection) =
+                    tokio_postgres::connect(&database_url, NoTls).await?;
                 let mut messages = stream::poll_fn(move |cx| connection.poll_message(cx));
                 let statement = format!("LISTEN {CHANNEL}");
                 {
@@ -123,7 +135,9 @@ impl Wakeup {
             };
             let was_listening = self.listening.swap(false, Ordering::Relaxed);
             match outcome {
-                Err(e) => tracing::warn!(error = %e, "mail notification listener lost; reconnecting"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "mail notification listener lost; reconnecting")
+                }
                 Ok(()) => tracing::warn!("mail notification connection closed; reconnecting"),
             }
             if was_listening {

@@ -47,13 +47,15 @@ impl<'a> Args<'a> {
     }
 
     pub fn required_str(&self, key: &'static str) -> Result<&'a str, InvalidInput> {
-        self.str(key)?.ok_or_else(|| InvalidInput::new(key, "is required"))
+        self.str(key)?
+            .ok_or_else(|| InvalidInput::new(key, "is required"))
     }
 
     /// A whole number in `min..=max`; digit strings are accepted too, since
     /// models often quote numbers.
     pub fn int(&self, key: &'static str, min: u32, max: u32) -> Result<Option<u32>, InvalidInput> {
-        let out_of_range = || InvalidInput::new(key, format!("must be a whole number from {min} to {max}"));
+        let out_of_range =
+            || InvalidInput::new(key, format!("must be a whole number from {min} to {max}"));
         let n = match self.value(key) {
             None => return Ok(None),
             Some(Value::Number(n)) => {
@@ -72,7 +74,10 @@ impl<'a> Args<'a> {
             Some(other) => return Err(wrong_type(key, "a number", other)),
         };
         if n < i64::from(min) || n > i64::from(max) {
-            return Err(InvalidInput::new(key, format!("must be from {min} to {max}; got {n}")));
+            return Err(InvalidInput::new(
+                key,
+                format!("must be from {min} to {max}; got {n}"),
+            ));
         }
         Ok(Some(n as u32))
     }
@@ -137,15 +142,29 @@ mod tests {
     fn types_are_checked_with_readable_errors() {
         let map = obj(json!({"body": 5, "limit": -1, "peek": "yes", "to": null}));
         let args = Args::new("phone_send", Some(&map), &["body", "limit", "peek", "to"]).unwrap();
-        assert_eq!(args.str("body").unwrap_err().to_string(), "`body` must be a string; got a number");
-        assert!(args.int("limit", 1, 100).unwrap_err().to_string().contains("got -1"));
+        assert_eq!(
+            args.str("body").unwrap_err().to_string(),
+            "`body` must be a string; got a number"
+        );
+        assert!(
+            args.int("limit", 1, 100)
+                .unwrap_err()
+                .to_string()
+                .contains("got -1")
+        );
         assert!(args.bool("peek").is_err());
         assert_eq!(args.str("to").unwrap(), None);
     }
 
     #[test]
     fn numbers_may_be_quoted_but_not_fractional_or_huge() {
-        for (v, ok) in [(json!("7"), true), (json!(7.0), true), (json!(7.5), false), (json!(1e30), false), (json!(u64::MAX), false)] {
+        for (v, ok) in [
+            (json!("7"), true),
+            (json!(7.0), true),
+            (json!(7.5), false),
+            (json!(1e30), false),
+            (json!(u64::MAX), false),
+        ] {
             let map = obj(json!({ "limit": v }));
             let args = Args::new("t", Some(&map), &["limit"]).unwrap();
             assert_eq!(args.int("limit", 1, 100).is_ok(), ok, "{v}");

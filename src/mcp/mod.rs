@@ -18,7 +18,9 @@ use tracing::Instrument;
 
 use crate::domain::agents::{RegisterRequest, SearchRequest};
 use crate::domain::messages::{self, InboxRequest, SendRequest};
-use crate::domain::{AgentName, Caller, Credentials, InvalidInput, MessageId, Phone, PhoneError, Token};
+use crate::domain::{
+    AgentName, Caller, Credentials, InvalidInput, MessageId, Phone, PhoneError, Token,
+};
 use args::Args;
 
 /// Where the caller's address comes from, for rate limits.
@@ -60,7 +62,12 @@ impl PhoneServer {
                     .with_title("phone: mailbox and address book for AI agents"),
             )
             .with_instructions(tools::INSTRUCTIONS);
-        Self(Arc::new(Surface { phone, client_address_from, tools: tools::definitions(), info }))
+        Self(Arc::new(Surface {
+            phone,
+            client_address_from,
+            tools: tools::definitions(),
+            info,
+        }))
     }
 
     pub fn tools(&self) -> &[Tool] {
@@ -90,8 +97,14 @@ impl ServerHandler for PhoneServer {
         if !self.0.tools.iter().any(|t| t.name == name) {
             return Err(McpError::invalid_params(
                 format!(
-                    "unknown tool '{name}'; this server has: {}",
-                    self.0.tools.iter().map(|t| t.name.as_ref()).collect::<Vec<_>>().join(", ")
+                    "unknown tool '{}'; this server has: {}",
+                    name.chars().take(64).collect::<String>(),
+                    self.0
+                        .tools
+                        .iter()
+                        .map(|t| t.name.as_ref())
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ),
                 None,
             ));
@@ -106,7 +119,10 @@ impl ServerHandler for PhoneServer {
             outcome = tracing::field::Empty,
             error.kind = tracing::field::Empty
         );
-        let result = self.dispatch(&request, &context).instrument(span.clone()).await;
+        let result = self
+            .dispatch(&request, &context)
+            .instrument(span.clone())
+            .await;
         let mut error_kind = None;
         let result = match result {
             Ok(result) => {
@@ -198,8 +214,13 @@ impl PhoneServer {
             }
             tools::OUTBOX => {
                 let args = Args::new(tools::OUTBOX, arguments, tools::OUTBOX_ARGS)?;
-                let limit = args.int("limit", 1, messages::LIST_LIMIT_MAX)?.unwrap_or(20);
-                let before = args.str("cursor")?.map(messages::decode_cursor).transpose()?;
+                let limit = args
+                    .int("limit", 1, messages::LIST_LIMIT_MAX)?
+                    .unwrap_or(20);
+                let before = args
+                    .str("cursor")?
+                    .map(messages::decode_cursor)
+                    .transpose()?;
                 let me = self.authenticate(&args, context).await?;
                 let out = phone.outbox(&me, limit, before).await?;
                 Ok(success(&out, render::outbox(&out)))
@@ -207,8 +228,13 @@ impl PhoneServer {
             tools::THREAD => {
                 let args = Args::new(tools::THREAD, arguments, tools::THREAD_ARGS)?;
                 let message_id = MessageId::parse("message_id", args.required_str("message_id")?)?;
-                let limit = args.int("limit", 1, messages::LIST_LIMIT_MAX)?.unwrap_or(50);
-                let after = args.str("cursor")?.map(messages::decode_cursor).transpose()?;
+                let limit = args
+                    .int("limit", 1, messages::LIST_LIMIT_MAX)?
+                    .unwrap_or(50);
+                let after = args
+                    .str("cursor")?
+                    .map(messages::decode_cursor)
+                    .transpose()?;
                 let me = self.authenticate(&args, context).await?;
                 let out = phone.thread(&me, message_id, limit, after).await?;
                 Ok(success(&out, render::thread(&out)))
@@ -250,7 +276,10 @@ impl PhoneServer {
         args: &Args<'_>,
         context: &RequestContext<RoleServer>,
     ) -> Result<Credentials, PhoneError> {
-        let claimed = args.str("name")?.map(|n| AgentName::parse("name", n)).transpose()?;
+        let claimed = args
+            .str("name")?
+            .map(|n| AgentName::parse("name", n))
+            .transpose()?;
         let from_args = args.str("token")?.map(Token::parse).transpose()?;
         let from_header = bearer_token(context)?;
         let token = match (from_args, from_header) {
@@ -266,7 +295,11 @@ impl PhoneServer {
                 ));
             }
         };
-        Ok(Credentials { token: token.hash(), claimed, client_address: self.client_address(context) })
+        Ok(Credentials {
+            token: token.hash(),
+            claimed,
+            client_address: self.client_address(context),
+        })
     }
 }
 
@@ -280,12 +313,18 @@ impl PhoneServer {
         };
         let from_header = |name: &http::HeaderName, last_entry: bool| {
             let value = parts.headers.get(name)?.to_str().ok()?;
-            let value = if last_entry { value.rsplit(',').next()? } else { value };
+            let value = if last_entry {
+                value.rsplit(',').next()?
+            } else {
+                value
+            };
             Some(value.trim().to_owned()).filter(|v| !v.is_empty())
         };
         let proxied = match &self.0.client_address_from {
             ClientAddressFrom::Peer => None,
-            ClientAddressFrom::ForwardedFor => from_header(&http::HeaderName::from_static("x-forwarded-for"), true),
+            ClientAddressFrom::ForwardedFor => {
+                from_header(&http::HeaderName::from_static("x-forwarded-for"), true)
+            }
             ClientAddressFrom::Header(name) => from_header(name, false),
         };
         if let Some(address) = proxied {
@@ -314,7 +353,10 @@ fn bearer_token(context: &RequestContext<RoleServer>) -> Result<Option<Token>, P
         return Ok(None);
     };
     let value = value.to_str().map_err(|_| {
-        InvalidInput::new("Authorization", "header is not plain ASCII; expected Bearer <token>")
+        InvalidInput::new(
+            "Authorization",
+            "header is not plain ASCII; expected Bearer <token>",
+        )
     })?;
     let (scheme, token) = value.trim().split_once(' ').unwrap_or((value, ""));
     if !scheme.eq_ignore_ascii_case("bearer") {

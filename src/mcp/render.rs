@@ -24,7 +24,11 @@ pub fn search(r: &SearchResult) -> String {
     let mut out = String::new();
     for a in &r.agents {
         let seen = a.last_seen_at.as_deref().unwrap_or("never");
-        let _ = writeln!(out, "- {} (project {}, last seen {seen}): {}", a.name, a.project, a.description);
+        let _ = writeln!(
+            out,
+            "- {} (project {}, last seen {seen}): {}",
+            a.name, a.project, a.description
+        );
     }
     if let Some(cursor) = &r.next_cursor {
         let _ = writeln!(out, "More results: cursor={cursor}");
@@ -34,7 +38,10 @@ pub fn search(r: &SearchResult) -> String {
 
 pub fn sent(r: &Sent) -> String {
     if r.replayed {
-        format!("Already sent earlier as {} to {} (same idempotency_key); nothing new was sent.", r.id, r.to)
+        format!(
+            "Already sent earlier as {} to {} (same idempotency_key); nothing new was sent.",
+            r.id, r.to
+        )
     } else {
         format!("Sent {} to {} (thread {}).", r.id, r.to, r.thread_id)
     }
@@ -46,13 +53,21 @@ pub fn inbox(r: &Inbox) -> String {
         100.. => "100+".to_string(),
         n => n.to_string(),
     };
-    let _ = writeln!(out, "{} message(s); {remaining} unread still waiting.", r.messages.len());
+    let _ = writeln!(
+        out,
+        "{} message(s); {remaining} unread still waiting.",
+        r.messages.len()
+    );
     messages(&mut out, &r.messages);
     out
 }
 
 pub fn thread(r: &Thread) -> String {
-    let mut out = format!("Thread {}: {} message(s), oldest first.\n", r.thread_id, r.messages.len());
+    let mut out = format!(
+        "Thread {}: {} message(s), oldest first.\n",
+        r.thread_id,
+        r.messages.len()
+    );
     messages(&mut out, &r.messages);
     if let Some(cursor) = &r.next_cursor {
         let _ = writeln!(out, "\nMore: cursor={cursor}");
@@ -62,12 +77,20 @@ pub fn thread(r: &Thread) -> String {
 
 fn messages(out: &mut String, list: &[Message]) {
     for m in list {
-        let _ = write!(out, "\n[{}] from {} (project {}) to {} at {}", m.id, m.from, m.from_project, m.to, m.sent_at);
+        let _ = write!(
+            out,
+            "\n[{}] from {} (project {}) to {} at {}",
+            m.id, m.from, m.from_project, m.to, m.sent_at
+        );
         if let Some(original) = &m.reply_to {
             let _ = write!(out, ", reply to {original}");
         }
         if let Some(until) = &m.lease_expires_at {
-            let _ = write!(out, ", leased until {until} (delivery {})", m.delivery_count);
+            let _ = write!(
+                out,
+                ", leased until {until} (delivery {})",
+                m.delivery_count
+            );
         }
         out.push('\n');
         if let Some(subject) = &m.subject {
@@ -75,14 +98,23 @@ fn messages(out: &mut String, list: &[Message]) {
         }
         // The fence marks where another agent's words begin and end, with
         // its verified name, so they are read as data, not as instructions.
-        let _ = writeln!(out, "<message from=\"{}\">\n{}\n</message>", m.from, m.body.trim_end());
+        let _ = writeln!(
+            out,
+            "<message from=\"{}\">\n{}\n</message>",
+            m.from,
+            m.body.trim_end()
+        );
     }
 }
 
 pub fn acked(r: &Acked) -> String {
     let mut out = format!("Acknowledged {} message(s).", r.acknowledged.len());
     if !r.not_found.is_empty() {
-        let _ = write!(out, " Not messages addressed to you: {}.", r.not_found.join(", "));
+        let _ = write!(
+            out,
+            " Not messages addressed to you: {}.",
+            r.not_found.join(", ")
+        );
     }
     out
 }
@@ -93,8 +125,16 @@ pub fn outbox(r: &Outbox) -> String {
     }
     let mut out = String::new();
     for m in &r.messages {
-        let subject = m.subject.as_deref().map(|s| format!(" \"{s}\"")).unwrap_or_default();
-        let _ = writeln!(out, "- [{}] to {}{subject} at {}: {}", m.id, m.to, m.sent_at, m.state);
+        let subject = m
+            .subject
+            .as_deref()
+            .map(|s| format!(" \"{s}\""))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "- [{}] to {}{subject} at {}: {}",
+            m.id, m.to, m.sent_at, m.state
+        );
     }
     if let Some(cursor) = &r.next_cursor {
         let _ = writeln!(out, "More: cursor={cursor}");

@@ -32,9 +32,25 @@ pub const UNREGISTER: &str = "phone_unregister";
 
 pub const REGISTER_ARGS: &[&str] = &["name", "description", "project", "token"];
 pub const SEARCH_ARGS: &[&str] = &["query", "project", "limit", "cursor"];
-pub const SEND_ARGS: &[&str] = &["name", "token", "to", "body", "subject", "reply_to", "idempotency_key"];
-pub const INBOX_ARGS: &[&str] =
-    &["name", "token", "limit", "peek", "include_read", "mode", "lease_seconds", "wait_seconds"];
+pub const SEND_ARGS: &[&str] = &[
+    "name",
+    "token",
+    "to",
+    "body",
+    "subject",
+    "reply_to",
+    "idempotency_key",
+];
+pub const INBOX_ARGS: &[&str] = &[
+    "name",
+    "token",
+    "limit",
+    "peek",
+    "include_read",
+    "mode",
+    "lease_seconds",
+    "wait_seconds",
+];
 pub const ACK_ARGS: &[&str] = &["name", "token", "ids"];
 pub const OUTBOX_ARGS: &[&str] = &["name", "token", "limit", "cursor"];
 pub const THREAD_ARGS: &[&str] = &["name", "token", "message_id", "limit", "cursor"];
@@ -56,7 +72,10 @@ fn boolean(description: &str) -> Value {
 fn object(auth: bool, properties: Value, required: &[&str]) -> Arc<JsonObject> {
     let mut props = Map::new();
     if auth {
-        props.insert("name".into(), string("Your agent name (optional with a bearer header)"));
+        props.insert(
+            "name".into(),
+            string("Your agent name (optional with a bearer header)"),
+        );
         props.insert("token".into(), string("Your token"));
     }
     props.extend(properties.as_object().cloned().unwrap_or_default());
@@ -197,7 +216,13 @@ pub fn definitions() -> Vec<Tool> {
     ]
 }
 
-fn annotations(title: &str, read_only: bool, destructive: bool, idempotent: bool, open_world: bool) -> ToolAnnotations {
+fn annotations(
+    title: &str,
+    read_only: bool,
+    destructive: bool,
+    idempotent: bool,
+    open_world: bool,
+) -> ToolAnnotations {
     ToolAnnotations::with_title(title)
         .read_only(read_only)
         .destructive(destructive)

@@ -51,7 +51,13 @@ impl StoreError {
                 e.is_closed()
                     || e.code().is_some_and(|c| {
                         let c = c.code();
-                        c.starts_with("08") || c.starts_with("57P") || c == "53300"
+                        // Connection lost, server shutting down, too many
+                        // connections, or our statement/lock timeout fired.
+                        c.starts_with("08")
+                            || c.starts_with("57P")
+                            || c == "53300"
+                            || c == "57014"
+                            || c == "55P03"
                     })
                     || e.as_db_error().is_none() && e.code().is_none()
             }
@@ -282,8 +288,12 @@ pub fn summarize(sql: &str) -> (&'static str, Option<&str>) {
     let is = |w: &str, k: &str| w.eq_ignore_ascii_case(k);
     let table = |i: usize| {
         words.get(i).copied().filter(|w| {
-            !["select", "with", "only", "lateral"].iter().any(|k| is(w, k))
-                && w.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            !["select", "with", "only", "lateral"]
+                .iter()
+                .any(|k| is(w, k))
+                && w.chars()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         })
     };
     let find = |keyword: &str, next: Option<&str>| {
@@ -301,9 +311,11 @@ pub fn summarize(sql: &str) -> (&'static str, Option<&str>) {
             }
         })
     };
-    for (operation, keyword, next) in
-        [("INSERT", "insert", Some("into")), ("UPDATE", "update", None), ("DELETE", "delete", Some("from"))]
-    {
+    for (operation, keyword, next) in [
+        ("INSERT", "insert", Some("into")),
+        ("UPDATE", "update", None),
+        ("DELETE", "delete", Some("from")),
+    ] {
         if let Some(collection) = find(keyword, next) {
             return (operation, collection);
         }
@@ -329,19 +341,33 @@ fn collapse_whitespace(sql: &str) -> String {
 }
 
 pub fn connect_pool(config: &Config) -> Result<Pool, StoreError> {
-    let pg: tokio_postgres::Config =
-        config.database_url.parse().map_err(|e: tokio_postgres::Error| StoreError::Config(e.to_string()))?;
+    let pg: tokio_postgres::Config = config
+        .database_url
+        .parse()
+        .map_err(|e: tokio_postgres::Error| StoreError::Config(e.to_string()))?;
     let mut pg = pg;
     pg.application_name("phone");
     pg.connect_timeout(config.pool_timeout.max(Duration::from_secs(1)));
     // Closing a socket to a dead server must not take the kernel's minutes.
     pg.keepalives_idle(Duration::from_secs(10));
+    pg.keepalives_interval(Duration::from_secs(2));
+    pg.keepalives_retries(3);
+    // Unacknowledged writes to a silent peer fail after this, not minutes.
+    pg.tcp_user_timeout(Duration::from_secs(10));
+    // A statement stuck behind a lock or a slow plan frees its connection
+    // before the request times out, and the caller gets a retryable error.
+    let limit_ms = config.statement_timeout.as_millis();
+    pg.options(format!(
+        "-c statement_timeout={limit_ms} -c lock_timeout={limit_ms}"
+    ));
     let manager = Manager::from_config(
         pg,
         NoTls,
         // A closed connection is noticed by the client itself (its socket task
         // ends), so checking `is_closed` is enough after a database restart.
-        ManagerConfig { recycling_method: RecyclingMethod::Fast },
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
     );
     deadpool_postgres::Pool::builder(manager)
         .max_size(config.pool_size)
@@ -364,11 +390,15 @@ pub async fn migrate(database_url: &str) -> Result<(), StoreError> {
             tracing::warn!(error = %e, "migration connection ended");
         }
     });
-    client.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK_KEY]).await?;
+    client
+        .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK_KEY])
+        .await?;
     let outcome = embedded::migrations::runner().run_async(&mut client).await;
     // The lock is released with the session too; unlocking explicitly just
     // lets the next replica in sooner.
-    let _ = client.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK_KEY]).await;
+    let _ = client
+        .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK_KEY])
+        .await;
     drop(client);
     let _ = driver.await;
     let report = outcome?;
@@ -392,7 +422,10 @@ mod tests {
     #[test]
     fn statements_are_named_by_what_they_do() {
         assert_eq!(summarize("SELECT 1"), ("SELECT", None));
-        assert_eq!(summarize("SELECT id FROM agents WHERE token_hash = $1"), ("SELECT", Some("agents")));
+        assert_eq!(
+            summarize("SELECT id FROM agents WHERE token_hash = $1"),
+            ("SELECT", Some("agents"))
+        );
         assert_eq!(
             summarize("SELECT count(*) FROM (SELECT 1 FROM messages m WHERE x) w"),
             ("SELECT", Some("messages"))
@@ -406,13 +439,20 @@ mod tests {
             ("UPDATE", Some("messages"))
         );
         assert_eq!(
-            summarize("WITH expired AS (DELETE FROM inbox_waiters WHERE a) INSERT INTO inbox_waiters (a) VALUES ($1)"),
+            summarize(
+                "WITH expired AS (DELETE FROM inbox_waiters WHERE a) INSERT INTO inbox_waiters (a) VALUES ($1)"
+            ),
             ("INSERT", Some("inbox_waiters"))
         );
         assert_eq!(
-            summarize("INSERT INTO rate_limits AS r VALUES ($1) ON CONFLICT (bucket) DO UPDATE SET hits = 1"),
+            summarize(
+                "INSERT INTO rate_limits AS r VALUES ($1) ON CONFLICT (bucket) DO UPDATE SET hits = 1"
+            ),
             ("INSERT", Some("rate_limits"))
         );
-        assert_eq!(summarize("DELETE FROM inbox_waiters WHERE id = $1"), ("DELETE", Some("inbox_waiters")));
+        assert_eq!(
+            summarize("DELETE FROM inbox_waiters WHERE id = $1"),
+            ("DELETE", Some("inbox_waiters"))
+        );
     }
 }

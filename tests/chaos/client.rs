@@ -124,7 +124,12 @@ impl Mcp {
         }
         let result = &message["result"];
         if result["isError"].as_bool() == Some(true) {
-            return Outcome::Tool(result["content"][0]["text"].as_str().unwrap_or("(no text)").to_owned());
+            return Outcome::Tool(
+                result["content"][0]["text"]
+                    .as_str()
+                    .unwrap_or("(no text)")
+                    .to_owned(),
+            );
         }
         Outcome::Ok(result["structuredContent"].clone())
     }
@@ -143,7 +148,11 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 
 pub fn snippet(s: &str) -> String {
     let s = s.trim();
-    if s.chars().count() > 200 { format!("{}…", s.chars().take(200).collect::<String>()) } else { s.to_owned() }
+    if s.chars().count() > 200 {
+        format!("{}…", s.chars().take(200).collect::<String>())
+    } else {
+        s.to_owned()
+    }
 }
 
 /// Registers `name` through any replica that answers; returns its token.
@@ -152,12 +161,20 @@ pub async fn register(mcp: &Mcp, bases: &[String], name: &str) -> String {
     let mut i = 0;
     loop {
         let (out, _) = mcp
-            .call(&bases[i % bases.len()], "phone_register", json!({"name": name, "description": "chaos test agent", "project": "chaos"}))
+            .call(
+                &bases[i % bases.len()],
+                "phone_register",
+                json!({"name": name, "description": "chaos test agent", "project": "chaos"}),
+            )
             .await;
         match out {
             Outcome::Ok(v) => return v["token"].as_str().expect("token").to_owned(),
             other => {
-                assert!(Instant::now() < deadline && other.retryable(), "register {name}: {}", other.detail());
+                assert!(
+                    Instant::now() < deadline && other.retryable(),
+                    "register {name}: {}",
+                    other.detail()
+                );
                 i += 1;
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }

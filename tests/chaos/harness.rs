@@ -47,7 +47,10 @@ pub fn pg_port() -> u16 {
     let url = admin_url();
     let after_at = url.rsplit_once('@').map(|(_, h)| h).unwrap_or(&url);
     let hostport = after_at.split('/').next().unwrap_or_default();
-    hostport.rsplit_once(':').and_then(|(_, p)| p.parse().ok()).expect("port in PHONE_CHAOS_DATABASE_URL")
+    hostport
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .expect("port in PHONE_CHAOS_DATABASE_URL")
 }
 
 /// True when known server weaknesses should fail the suite instead of being
@@ -61,7 +64,9 @@ pub async fn admin() -> tokio_postgres::Client {
 }
 
 pub async fn connect(url: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await.expect("connect to the chaos PostgreSQL");
+    let (client, connection) = tokio_postgres::connect(url, NoTls)
+        .await
+        .expect("connect to the chaos PostgreSQL");
     tokio::spawn(connection);
     client
 }
@@ -69,7 +74,11 @@ pub async fn connect(url: &str) -> tokio_postgres::Client {
 /// A fresh, empty database on the chaos cluster; returns its URL.
 pub async fn fresh_database(label: &str) -> String {
     let name = format!("chaos_{label}_{:08x}", rand::random::<u32>());
-    admin().await.batch_execute(&format!("CREATE DATABASE {name}")).await.expect("create database");
+    admin()
+        .await
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .expect("create database");
     db_url(&name, pg_port())
 }
 
@@ -79,7 +88,10 @@ pub fn db_url(name: &str, port: u16) -> String {
 }
 
 pub fn db_name(url: &str) -> String {
-    url.rsplit_once('/').expect("URL has a database").1.to_owned()
+    url.rsplit_once('/')
+        .expect("URL has a database")
+        .1
+        .to_owned()
 }
 
 /// Stops the chaos cluster in immediate mode (a crash: no checkpoint, every
@@ -105,7 +117,11 @@ async fn pg_ctl(what: &str) {
 }
 
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind :0").local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind :0")
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// One `phone` process. Keeps its port across restarts, so clients' list of
@@ -137,7 +153,14 @@ impl Replica {
             env.retain(|(key, _)| key != k);
             env.push((k.to_string(), v.to_string()));
         }
-        Self { name: name.into(), port, env, nofile: None, child: None, starts: 0 }
+        Self {
+            name: name.into(),
+            port,
+            env,
+            nofile: None,
+            child: None,
+            starts: 0,
+        }
     }
 
     pub fn with_nofile(mut self, limit: u32) -> Self {
@@ -202,7 +225,11 @@ impl Replica {
             if let Some(child) = self.child.as_mut()
                 && let Ok(Some(status)) = child.try_wait()
             {
-                panic!("{} exited during startup ({status}); see {}", self.name, self.log_path().display());
+                panic!(
+                    "{} exited during startup ({status}); see {}",
+                    self.name,
+                    self.log_path().display()
+                );
             }
             assert!(
                 Instant::now() < deadline,
@@ -226,7 +253,11 @@ impl Replica {
     pub async fn stop(&mut self, grace: Duration) {
         if let Some(mut child) = self.child.take() {
             if let Some(pid) = child.id() {
-                let _ = Command::new("kill").arg("-TERM").arg(pid.to_string()).status().await;
+                let _ = Command::new("kill")
+                    .arg("-TERM")
+                    .arg(pid.to_string())
+                    .status()
+                    .await;
             }
             if tokio::time::timeout(grace, child.wait()).await.is_err() {
                 let _ = child.start_kill();
@@ -234,7 +265,6 @@ impl Replica {
             }
         }
     }
-
 }
 
 /// Lines of the replicas' logs that show a panic (there must be none).
@@ -242,7 +272,11 @@ pub fn panics_in_logs(replicas: &[&Replica]) -> Vec<String> {
     let mut found = Vec::new();
     for r in replicas {
         if let Ok(text) = std::fs::read_to_string(r.log_path()) {
-            found.extend(text.lines().filter(|l| l.contains("panicked")).map(|l| format!("{}: {l}", r.name)));
+            found.extend(
+                text.lines()
+                    .filter(|l| l.contains("panicked"))
+                    .map(|l| format!("{}: {l}", r.name)),
+            );
         }
     }
     found
@@ -255,7 +289,12 @@ pub async fn health(base: &str) -> Option<u16> {
         .connect_timeout(Duration::from_millis(500))
         .build()
         .ok()?;
-    client.get(format!("{base}/health")).send().await.ok().map(|r| r.status().as_u16())
+    client
+        .get(format!("{base}/health"))
+        .send()
+        .await
+        .ok()
+        .map(|r| r.status().as_u16())
 }
 
 // ---------------------------------------------------------------------------
@@ -292,7 +331,9 @@ impl Proxy {
             let (state, conns, changed) = (state.clone(), conns.clone(), changed.clone());
             tokio::spawn(async move {
                 loop {
-                    let Ok((client, _)) = listener.accept().await else { continue };
+                    let Ok((client, _)) = listener.accept().await else {
+                        continue;
+                    };
                     if state.load(Ordering::SeqCst) == Link::Refuse as u8 {
                         drop(client);
                         continue;
@@ -306,7 +347,13 @@ impl Proxy {
             })
             .abort_handle()
         };
-        Self { port, state, changed, conns, accept }
+        Self {
+            port,
+            state,
+            changed,
+            conns,
+            accept,
+        }
     }
 
     pub fn set(&self, link: Link) {
@@ -348,7 +395,9 @@ async fn pipe(client: TcpStream, upstream: SocketAddr, mut rx: watch::Receiver<L
     if !link_up(&mut rx).await {
         return;
     }
-    let Ok(server) = TcpStream::connect(upstream).await else { return };
+    let Ok(server) = TcpStream::connect(upstream).await else {
+        return;
+    };
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
     let (cr, cw) = client.into_split();

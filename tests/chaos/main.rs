@@ -30,12 +30,17 @@ use std::{
 use client::{Mcp, Outcome};
 use harness::{Link, Proxy, Replica};
 use serde_json::json;
-use workload::{Load, LoadConfig, Row, check, failures, first_success_after, kinds_text, longest_gap};
+use workload::{
+    Load, LoadConfig, Row, check, failures, first_success_after, kinds_text, longest_gap,
+};
 
 const IGNORE: &str = "chaos suite: run with `make chaos`";
 
 fn secs(env: &str, default: f64) -> f64 {
-    std::env::var(env).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(env)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// Fails the test on a broken guarantee; prints the verdict either way.
@@ -49,7 +54,10 @@ fn assert_guarantees(label: &str, load: &Load, v: &workload::Verdict, replicas: 
     if !panics.is_empty() {
         problems.push(format!("panics in replica logs: {panics:?}"));
     }
-    assert!(v.acknowledged > 0, "{label}: nothing was acknowledged; the load did not run");
+    assert!(
+        v.acknowledged > 0,
+        "{label}: nothing was acknowledged; the load did not run"
+    );
     assert!(problems.is_empty(), "{label}: {}", problems.join("; "));
 }
 
@@ -65,15 +73,18 @@ fn finding(ok: bool, text: String) {
 // ---------------------------------------------------------------------------
 // Health sampling: what each replica's /health said, and when.
 
+/// (seconds since the load started, replica, status or None when unreachable)
+type Sample = (f64, usize, Option<u16>);
+
 struct HealthLog {
-    samples: Arc<Mutex<Vec<(f64, usize, Option<u16>)>>>,
+    samples: Arc<Mutex<Vec<Sample>>>,
     stop: Arc<AtomicBool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl HealthLog {
     fn start(t0: Instant, bases: &[String], every: Duration) -> Self {
-        let samples: Arc<Mutex<Vec<(f64, usize, Option<u16>)>>> = Arc::default();
+        let samples: Arc<Mutex<Vec<Sample>>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
         let tasks = bases
             .iter()
@@ -95,10 +106,14 @@ impl HealthLog {
                 })
             })
             .collect();
-        Self { samples, stop, tasks }
+        Self {
+            samples,
+            stop,
+            tasks,
+        }
     }
 
-    async fn finish(self) -> Vec<(f64, usize, Option<u16>)> {
+    async fn finish(self) -> Vec<Sample> {
         self.stop.store(true, Ordering::SeqCst);
         for t in self.tasks {
             let _ = t.await;
@@ -111,17 +126,22 @@ impl HealthLog {
 
 /// The first sample of `replica` taken at or after `t` that satisfies `pred`.
 fn first_health(
-    samples: &[(f64, usize, Option<u16>)],
+    samples: &[Sample],
     replica: usize,
     t: f64,
     pred: impl Fn(Option<u16>) -> bool,
 ) -> Option<f64> {
-    samples.iter().find(|(at, r, s)| *r == replica && *at >= t && pred(*s)).map(|(at, _, _)| *at)
+    samples
+        .iter()
+        .find(|(at, r, s)| *r == replica && *at >= t && pred(*s))
+        .map(|(at, _, _)| *at)
 }
 
 /// When every replica has answered 200 again, at or after `t`.
-fn all_healthy_after(samples: &[(f64, usize, Option<u16>)], replicas: usize, t: f64) -> Option<f64> {
-    (0..replicas).map(|r| first_health(samples, r, t, |s| s == Some(200))).try_fold(0.0f64, |m, x| x.map(|x| m.max(x)))
+fn all_healthy_after(samples: &[Sample], replicas: usize, t: f64) -> Option<f64> {
+    (0..replicas)
+        .map(|r| first_health(samples, r, t, |s| s == Some(200)))
+        .try_fold(0.0f64, |m, x| x.map(|x| m.max(x)))
 }
 
 // ---------------------------------------------------------------------------
@@ -133,7 +153,9 @@ async fn kill9_one_replica_of_three_under_load() {
     let _ = IGNORE;
     let duration = secs("PHONE_CHAOS_KILL_SECS", 30.0);
     let db = harness::fresh_database("kill").await;
-    let mut replicas: Vec<Replica> = (0..3).map(|i| Replica::new(&format!("kill-r{i}"), &db, &[])).collect();
+    let mut replicas: Vec<Replica> = (0..3)
+        .map(|i| Replica::new(&format!("kill-r{i}"), &db, &[]))
+        .collect();
     for r in &mut replicas {
         r.start().await;
     }
@@ -169,16 +191,31 @@ async fn kill9_one_replica_of_three_under_load() {
     let recovery = format!(
         "restarted replica healthy ≤ {slowest_restart:.1} s after spawn; longest stretch with no acknowledged send {gap:.2} s"
     );
-    println!("kill -9: example failures: {:?}", workload::examples(&calls, "transport", 3));
-    let notes = format!("{} kills; failed calls (retried on another replica): {}", kill_times.len(), kinds_text(&kinds));
+    println!(
+        "kill -9: example failures: {:?}",
+        workload::examples(&calls, "transport", 3)
+    );
+    let notes = format!(
+        "{} kills; failed calls (retried on another replica): {}",
+        kill_times.len(),
+        kinds_text(&kinds)
+    );
     workload::write_row(&Row::from_verdict(
-        &format!("kill -9 one replica of three, {} times (down 1 s each)", kill_times.len()),
+        &format!(
+            "kill -9 one replica of three, {} times (down 1 s each)",
+            kill_times.len()
+        ),
         config.describe(3, faults_end, verdict.acknowledged),
         &verdict,
         recovery,
         notes,
     ));
-    assert_guarantees("kill -9", &load, &verdict, &replicas.iter().collect::<Vec<_>>());
+    assert_guarantees(
+        "kill -9",
+        &load,
+        &verdict,
+        &replicas.iter().collect::<Vec<_>>(),
+    );
     assert!(kill_times.len() >= 3, "too few kills to mean anything");
     for r in &mut replicas {
         r.stop(Duration::from_secs(5)).await;
@@ -193,7 +230,9 @@ async fn kill9_one_replica_of_three_under_load() {
 async fn postgres_crash_and_restart_under_load() {
     let downs = [secs("PHONE_CHAOS_PG_DOWN_SECS", 5.0), 2.0];
     let db = harness::fresh_database("pgcrash").await;
-    let mut replicas: Vec<Replica> = (0..3).map(|i| Replica::new(&format!("pg-r{i}"), &db, &[])).collect();
+    let mut replicas: Vec<Replica> = (0..3)
+        .map(|i| Replica::new(&format!("pg-r{i}"), &db, &[]))
+        .collect();
     for r in &mut replicas {
         r.start().await;
     }
@@ -236,7 +275,9 @@ async fn postgres_crash_and_restart_under_load() {
             .map(|v| v.into_iter().fold(0.0, f64::max));
         let successes_during = calls
             .iter()
-            .filter(|c| c.ok() && c.tool == "phone_send" && c.start > stopped + 0.2 && c.end < restart)
+            .filter(|c| {
+                c.ok() && c.tool == "phone_send" && c.start > stopped + 0.2 && c.end < restart
+            })
             .count();
         println!(
             "outage {}: failures {} (slowest {slowest:.2} s); sends ok during {successes_during}; \
@@ -256,17 +297,29 @@ async fn postgres_crash_and_restart_under_load() {
             kinds_text(&kinds),
             unhealthy.map_or("never".into(), |t| format!("{t:.1} s"))
         ));
-        finding(slowest < 3.0, format!("PostgreSQL down: the slowest failing call took {slowest:.2} s (not fast)"));
-        finding(send_back.is_some_and(|t| t < 10.0), format!("PostgreSQL back: sends recovered after {send_back:?}"));
+        finding(
+            slowest < 3.0,
+            format!("PostgreSQL down: the slowest failing call took {slowest:.2} s (not fast)"),
+        );
+        finding(
+            send_back.is_some_and(|t| t < 10.0),
+            format!("PostgreSQL back: sends recovered after {send_back:?}"),
+        );
         finding(
             healthy.is_some_and(|t| t < 10.0),
             format!("PostgreSQL back: /health on every replica 200 after {healthy:?}"),
         );
-        finding(unhealthy.is_some(), "PostgreSQL down: some replica never reported 503".into());
+        finding(
+            unhealthy.is_some(),
+            "PostgreSQL down: some replica never reported 503".into(),
+        );
     }
     let said = workload::examples(&calls, "busy", 2);
     println!("what clients read during the outages: {said:?}");
-    notes.push(format!("clients read: {}", said.first().cloned().unwrap_or_default()));
+    notes.push(format!(
+        "clients read: {}",
+        said.first().cloned().unwrap_or_default()
+    ));
     workload::write_row(&Row::from_verdict(
         &format!(
             "PostgreSQL stopped in immediate mode (crash), restarted; {} outages",
@@ -277,7 +330,12 @@ async fn postgres_crash_and_restart_under_load() {
         recoveries.join("; "),
         notes.join("; "),
     ));
-    assert_guarantees("postgres crash", &load, &verdict, &replicas.iter().collect::<Vec<_>>());
+    assert_guarantees(
+        "postgres crash",
+        &load,
+        &verdict,
+        &replicas.iter().collect::<Vec<_>>(),
+    );
     for r in &mut replicas {
         r.stop(Duration::from_secs(5)).await;
     }
@@ -289,16 +347,41 @@ async fn postgres_crash_and_restart_under_load() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "chaos suite: run with `make chaos`"]
 async fn network_to_postgres_cut_and_restored() {
-    let cut = secs("PHONE_CHAOS_CUT_SECS", 6.0);
+    // A refused link is noticed at once; a silent one only by timeouts, so
+    // it stays cut longer than replica A's request timeout (4 s here, 30 s
+    // by default) to show what happens after that timeout too.
+    let (refuse_for, blackhole_for) = (
+        secs("PHONE_CHAOS_CUT_SECS", 5.0),
+        secs("PHONE_CHAOS_BLACKHOLE_SECS", 10.0),
+    );
+    let request_timeout_a = 4.0;
     let db = harness::fresh_database("netcut").await;
-    let proxy = Proxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], harness::pg_port()))).await;
+    let proxy = Proxy::start(std::net::SocketAddr::from((
+        [127, 0, 0, 1],
+        harness::pg_port(),
+    )))
+    .await;
     let via_proxy = harness::db_url(&harness::db_name(&db), proxy.port);
-    let mut a = Replica::new("net-a-via-proxy", &via_proxy, &[]);
+    // Settings a server without them ignores: a statement timeout below the
+    // request timeout.
+    let mut a = Replica::new(
+        "net-a-via-proxy",
+        &via_proxy,
+        &[
+            ("PHONE_REQUEST_TIMEOUT_MS", "4000"),
+            ("PHONE_STATEMENT_TIMEOUT_MS", "1000"),
+        ],
+    );
     let mut b = Replica::new("net-b-direct", &db, &[]);
     a.start().await;
     b.start().await;
     let bases = vec![a.base(), b.base()];
-    let config = LoadConfig { senders: 4, recipients: 4, pollers_per_recipient: 2, ..LoadConfig::default() };
+    let config = LoadConfig {
+        senders: 4,
+        recipients: 4,
+        pollers_per_recipient: 2,
+        ..LoadConfig::default()
+    };
     let run = Load::start(bases.clone(), config.clone(), "n").await;
     let load = run.load.clone();
     let health = HealthLog::start(load.t0, &bases, Duration::from_millis(200));
@@ -320,7 +403,9 @@ async fn network_to_postgres_cut_and_restored() {
                 let (mcp, calls, base) = (mcp.clone(), calls.clone(), base.clone());
                 in_flight.push(tokio::spawn(async move {
                     let start = t0.elapsed().as_secs_f64();
-                    let (out, _) = mcp.call(&base, "phone_search", json!({"query": "chaos", "limit": 1})).await;
+                    let (out, _) = mcp
+                        .call(&base, "phone_search", json!({"query": "chaos", "limit": 1}))
+                        .await;
                     calls.lock().unwrap().push(workload::CallRecord {
                         start,
                         end: t0.elapsed().as_secs_f64(),
@@ -341,14 +426,14 @@ async fn network_to_postgres_cut_and_restored() {
 
     tokio::time::sleep(Duration::from_secs(4)).await;
     let mut phases = Vec::new();
-    for link in [Link::Refuse, Link::Blackhole] {
+    for (link, cut) in [(Link::Refuse, refuse_for), (Link::Blackhole, blackhole_for)] {
         let t_cut = load.now();
         proxy.set(link);
         tokio::time::sleep(Duration::from_secs_f64(cut)).await;
         let t_restore = load.now();
         proxy.set(Link::Up);
         println!("link {link:?} cut {t_cut:.2}..{t_restore:.2}");
-        phases.push((link, t_cut, t_restore));
+        phases.push((link, cut, t_cut, t_restore));
         tokio::time::sleep(Duration::from_secs(6)).await;
     }
     let faults_end = load.now();
@@ -362,19 +447,27 @@ async fn network_to_postgres_cut_and_restored() {
 
     let mut recoveries = Vec::new();
     let mut notes = Vec::new();
-    for (link, t_cut, t_restore) in phases {
-        let during: Vec<&workload::CallRecord> =
-            probes.iter().filter(|c| c.start >= t_cut + 0.3 && c.start < t_restore).collect();
+    for (link, cut, t_cut, t_restore) in phases {
+        let during: Vec<&workload::CallRecord> = probes
+            .iter()
+            .filter(|c| c.start >= t_cut + 0.3 && c.start < t_restore)
+            .collect();
         let (kinds, slowest_failure) = failures(&probes, t_cut + 0.3, t_restore, None);
         let slowest_any = during.iter().map(|c| c.latency()).fold(0.0, f64::max);
         let ok_during = during.iter().filter(|c| c.ok()).count();
         // Waited more than 3 s: not what "fail fast" means.
         let hung = during.iter().filter(|c| c.latency() > 3.0).count();
         let a_503 = first_health(&samples, 0, t_cut, |s| s != Some(200)).map(|t| t - t_cut);
-        let b_bad = samples.iter().filter(|(at, r, s)| *r == 1 && *at >= t_cut && *at < t_restore && *s != Some(200)).count();
-        let a_back = first_health(&samples, 0, t_restore, |s| s == Some(200)).map(|t| t - t_restore);
-        let probe_back = first_success_after(&probes, "probe", t_restore, None).map(|t| t - t_restore);
-        let send_via_a_back = first_success_after(&calls, "phone_send", t_restore, Some(0)).map(|t| t - t_restore);
+        let b_bad = samples
+            .iter()
+            .filter(|(at, r, s)| *r == 1 && *at >= t_cut && *at < t_restore && *s != Some(200))
+            .count();
+        let a_back =
+            first_health(&samples, 0, t_restore, |s| s == Some(200)).map(|t| t - t_restore);
+        let probe_back =
+            first_success_after(&probes, "probe", t_restore, None).map(|t| t - t_restore);
+        let send_via_a_back =
+            first_success_after(&calls, "phone_send", t_restore, Some(0)).map(|t| t - t_restore);
         println!(
             "{link:?}: probe calls on A during the cut: {} ({} ok), failures {} \
              (slowest failure {slowest_failure:.2} s, slowest call {slowest_any:.2} s, {hung} waited > 3 s); /health A non-200 after {a_503:?}, \
@@ -408,17 +501,35 @@ async fn network_to_postgres_cut_and_restored() {
                 kinds_text(&kinds)
             ),
         );
-        finding(a_503.is_some_and(|t| t < 3.0), format!("network cut ({name}): /health on A went non-200 after {a_503:?}"));
-        finding(a_back.is_some_and(|t| t < 10.0), format!("network restored ({name}): /health on A 200 after {a_back:?}"));
-        finding(probe_back.is_some_and(|t| t < 10.0), format!("network restored ({name}): A served again after {probe_back:?}"));
-        assert_eq!(b_bad, 0, "the replica with a healthy link must stay healthy");
+        finding(
+            a_503.is_some_and(|t| t < 3.0),
+            format!("network cut ({name}): /health on A went non-200 after {a_503:?}"),
+        );
+        finding(
+            a_back.is_some_and(|t| t < 10.0),
+            format!("network restored ({name}): /health on A 200 after {a_back:?}"),
+        );
+        finding(
+            probe_back.is_some_and(|t| t < 10.0),
+            format!("network restored ({name}): A served again after {probe_back:?}"),
+        );
+        assert_eq!(
+            b_bad, 0,
+            "the replica with a healthy link must stay healthy"
+        );
     }
     let gap = longest_gap(&calls, "phone_send", 1.0, faults_end);
     workload::write_row(&Row::from_verdict(
-        &format!("network replica↔PostgreSQL cut for {cut:.0} s via a TCP proxy (connections refused, then a silent blackhole); clients fail over"),
+        &format!(
+            "network replica A↔PostgreSQL cut via a TCP proxy: connections refused for {refuse_for:.0} s, then a silent blackhole \
+             for {blackhole_for:.0} s (A's request timeout {request_timeout_a:.0} s); clients fail over to B"
+        ),
         config.describe(2, faults_end, verdict.acknowledged),
         &verdict,
-        format!("{}; longest stretch with no acknowledged send {gap:.2} s", recoveries.join("; ")),
+        format!(
+            "{}; longest stretch with no acknowledged send {gap:.2} s",
+            recoveries.join("; ")
+        ),
         notes.join("; "),
     ));
     assert_guarantees("network cut", &load, &verdict, &[&a, &b]);
@@ -438,7 +549,12 @@ async fn pool_exhaustion_and_a_lock_held_elsewhere() {
     let mut r = Replica::new(
         "pool-r0",
         &db,
-        &[("PHONE_POOL_SIZE", &pool_size.to_string()), ("PHONE_POOL_TIMEOUT_MS", &pool_timeout_ms.to_string())],
+        &[
+            ("PHONE_POOL_SIZE", &pool_size.to_string()),
+            ("PHONE_POOL_TIMEOUT_MS", &pool_timeout_ms.to_string()),
+            // Ignored by a server without a statement timeout.
+            ("PHONE_STATEMENT_TIMEOUT_MS", "1000"),
+        ],
     );
     r.start().await;
     let bases = vec![r.base()];
@@ -457,7 +573,10 @@ async fn pool_exhaustion_and_a_lock_held_elsewhere() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     // Another session holds a lock every send and poll needs.
     let locker = harness::connect(&db).await;
-    locker.batch_execute("BEGIN; LOCK TABLE messages IN ACCESS EXCLUSIVE MODE").await.expect("take the lock");
+    locker
+        .batch_execute("BEGIN; LOCK TABLE messages IN ACCESS EXCLUSIVE MODE")
+        .await
+        .expect("take the lock");
     let t_lock = load.now();
     let watcher = harness::connect(&db).await;
     let mut max_backends = 0i64;
@@ -474,7 +593,10 @@ async fn pool_exhaustion_and_a_lock_held_elsewhere() {
         max_backends = max_backends.max(n);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    locker.batch_execute("COMMIT").await.expect("release the lock");
+    locker
+        .batch_execute("COMMIT")
+        .await
+        .expect("release the lock");
     let t_release = load.now();
     tokio::time::sleep(Duration::from_secs(4)).await;
     let faults_end = load.now();
@@ -484,16 +606,28 @@ async fn pool_exhaustion_and_a_lock_held_elsewhere() {
     let verdict = check(&load, &db).await;
 
     // Every call in flight while the lock was held, also those that began before.
-    let during: Vec<&workload::CallRecord> =
-        calls.iter().filter(|c| c.start < t_release && c.end > t_lock + 0.1).collect();
-    let busy: Vec<f64> = during.iter().filter(|c| c.kind == "busy").map(|c| c.latency()).collect();
+    let during: Vec<&workload::CallRecord> = calls
+        .iter()
+        .filter(|c| c.start < t_release && c.end > t_lock + 0.1)
+        .collect();
+    let busy: Vec<f64> = during
+        .iter()
+        .filter(|c| c.kind == "busy")
+        .map(|c| c.latency())
+        .collect();
     let busy_max = busy.iter().cloned().fold(0.0, f64::max);
     let slow: Vec<&&workload::CallRecord> = during.iter().filter(|c| c.latency() > 2.0).collect();
     let slowest = during.iter().map(|c| c.latency()).fold(0.0, f64::max);
     let (kinds, _) = failures(&calls, t_lock, t_release, None);
     let back = first_success_after(&calls, "phone_send", t_release, None).map(|t| t - t_release);
-    let health_bad = samples.iter().filter(|(at, _, s)| *at >= t_lock + 1.0 && *at < t_release && *s != Some(200)).count();
-    let health_during = samples.iter().filter(|(at, _, _)| *at >= t_lock + 1.0 && *at < t_release).count();
+    let health_bad = samples
+        .iter()
+        .filter(|(at, _, s)| *at >= t_lock + 1.0 && *at < t_release && *s != Some(200))
+        .count();
+    let health_during = samples
+        .iter()
+        .filter(|(at, _, _)| *at >= t_lock + 1.0 && *at < t_release)
+        .count();
     println!(
         "lock {t_lock:.2}..{t_release:.2}: {} calls in flight, failures {}, busy errors in ≤ {busy_max:.2} s, \
          {} calls slower than 2 s (slowest {slowest:.2} s), backends ≤ {max_backends}; /health non-200 {health_bad}/{health_during}; \
@@ -504,7 +638,9 @@ async fn pool_exhaustion_and_a_lock_held_elsewhere() {
     );
     let gap = longest_gap(&calls, "phone_send", 1.0, faults_end);
     workload::write_row(&Row::from_verdict(
-        &format!("pool of {pool_size} (wait {pool_timeout_ms} ms) exhausted: another session holds ACCESS EXCLUSIVE on messages for {hold:.0} s"),
+        &format!(
+            "pool of {pool_size} (wait {pool_timeout_ms} ms) exhausted: another session holds ACCESS EXCLUSIVE on messages for {hold:.0} s"
+        ),
         config.describe(1, faults_end, verdict.acknowledged),
         &verdict,
         format!(
@@ -519,12 +655,18 @@ async fn pool_exhaustion_and_a_lock_held_elsewhere() {
             slow.len()
         ),
     ));
-    assert!(!busy.is_empty(), "an exhausted pool must answer 'busy, retry'");
+    assert!(
+        !busy.is_empty(),
+        "an exhausted pool must answer 'busy, retry'"
+    );
     assert!(
         busy_max < pool_timeout_ms as f64 / 1000.0 + 1.0,
         "busy errors must come after the pool wait, not later: {busy_max:.2} s"
     );
-    assert!(max_backends <= pool_size as i64 + 1, "more PostgreSQL connections than the pool allows: {max_backends}");
+    assert!(
+        max_backends <= pool_size as i64 + 1,
+        "more PostgreSQL connections than the pool allows: {max_backends}"
+    );
     finding(
         slowest < 3.0,
         format!(
@@ -547,15 +689,34 @@ async fn slow_clients_and_idle_connections() {
     let watch = Duration::from_secs_f64(secs("PHONE_CHAOS_SLOW_WATCH_SECS", 12.0));
     let request_timeout_ms = 3000u64;
     let db = harness::fresh_database("slow").await;
-    let mut r = Replica::new("slow-r0", &db, &[("PHONE_REQUEST_TIMEOUT_MS", &request_timeout_ms.to_string())]);
+    let idle_timeout_secs = 4u64;
+    let mut r = Replica::new(
+        "slow-r0",
+        &db,
+        &[
+            ("PHONE_REQUEST_TIMEOUT_MS", &request_timeout_ms.to_string()),
+            // Ignored by a server without an idle/header timeout.
+            ("PHONE_IDLE_TIMEOUT_SECS", &idle_timeout_secs.to_string()),
+        ],
+    );
     r.start().await;
-    let config = LoadConfig { senders: 2, recipients: 2, pollers_per_recipient: 1, ..LoadConfig::default() };
+    let config = LoadConfig {
+        senders: 2,
+        recipients: 2,
+        pollers_per_recipient: 1,
+        ..LoadConfig::default()
+    };
     let run = Load::start(vec![r.base()], config.clone(), "w").await;
     let load = run.load.clone();
     tokio::time::sleep(Duration::from_secs(1)).await;
     let t_attack = load.now();
 
-    let counts = slow::Counts { idle: 400, keepalive: 100, slow_headers: 50, slow_body: 50 };
+    let counts = slow::Counts {
+        idle: 400,
+        keepalive: 100,
+        slow_headers: 50,
+        slow_body: 50,
+    };
     let attack = slow::attack(r.addr(), counts, watch).await;
     let t_attack_end = load.now();
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -564,13 +725,26 @@ async fn slow_clients_and_idle_connections() {
     let calls = load.calls();
     let verdict = check(&load, &db).await;
 
-    let during: Vec<&workload::CallRecord> = calls.iter().filter(|c| c.start >= t_attack && c.start < t_attack_end).collect();
+    let during: Vec<&workload::CallRecord> = calls
+        .iter()
+        .filter(|c| c.start >= t_attack && c.start < t_attack_end)
+        .collect();
     let ok_during = during.iter().filter(|c| c.ok()).count();
-    let mut lat: Vec<f64> = during.iter().filter(|c| c.tool == "phone_send").map(|c| c.latency()).collect();
+    let mut lat: Vec<f64> = during
+        .iter()
+        .filter(|c| c.tool == "phone_send")
+        .map(|c| c.latency())
+        .collect();
     lat.sort_by(f64::total_cmp);
-    let p99 = lat.get(lat.len().saturating_sub(1).min(lat.len() * 99 / 100)).copied().unwrap_or(0.0);
+    let p99 = lat
+        .get(lat.len().saturating_sub(1).min(lat.len() * 99 / 100))
+        .copied()
+        .unwrap_or(0.0);
     println!("{}", attack.describe());
-    println!("load during the attack: {} calls, {ok_during} ok, send p99 {p99:.3} s", during.len());
+    println!(
+        "load during the attack: {} calls, {ok_during} ok, send p99 {p99:.3} s",
+        during.len()
+    );
 
     // Descriptor exhaustion: the same idle connections against a replica
     // whose process may open 256 files.
@@ -591,10 +765,23 @@ async fn slow_clients_and_idle_connections() {
         config.describe(1, faults_end, verdict.acknowledged),
         &verdict,
         fd.recovery_text(),
-        format!("{}; load during the attack: {ok_during}/{} calls ok, send p99 {p99:.3} s; {}", attack.summary(), during.len(), fd.summary()),
+        format!(
+            "{}; load during the attack: {ok_during}/{} calls ok, send p99 {p99:.3} s; {}",
+            attack.summary(),
+            during.len(),
+            fd.summary()
+        ),
     ));
-    assert!(ok_during > 0 && ok_during == during.len(), "the server must keep serving others during the attack");
-    assert_eq!(attack.slow_body.timed_out, counts.slow_body, "every slow body must get a 408: {}", attack.describe());
+    assert!(
+        ok_during > 0 && ok_during == during.len(),
+        "the server must keep serving others during the attack"
+    );
+    assert_eq!(
+        attack.slow_body.timed_out,
+        counts.slow_body,
+        "every slow body must get a 408: {}",
+        attack.describe()
+    );
     assert!(
         attack.slow_body.slowest_close < request_timeout_ms as f64 / 1000.0 + 2.0,
         "slow bodies must be cut at the request timeout: {}",
@@ -620,10 +807,23 @@ async fn slow_clients_and_idle_connections() {
         ),
     );
     finding(
+        attack.keepalive.closed == counts.keepalive,
+        format!(
+            "idle keep-alive: {} of {} connections idle after one request were still open after {:.0} s",
+            counts.keepalive - attack.keepalive.closed,
+            counts.keepalive,
+            watch.as_secs_f64()
+        ),
+    );
+    finding(
         fd.served_during,
         format!("descriptor exhaustion: {}", fd.summary()),
     );
-    assert!(fd.served_after, "the replica must serve again once the idle connections go: {}", fd.summary());
+    assert!(
+        fd.served_after,
+        "the replica must serve again once the idle connections go: {}",
+        fd.summary()
+    );
     assert_guarantees("slow clients", &load, &verdict, &[&r]);
     r.stop(Duration::from_secs(5)).await;
 }
@@ -643,8 +843,16 @@ async fn harness_smoke() {
         .call(&r.base(), "phone_send", json!({"name": "smoke-a", "token": a, "to": "smoke-a", "body": "hi", "idempotency_key": "k1"}))
         .await;
     assert!(out.is_ok(), "{out:?}");
-    let (out, _) = mcp.call(&r.base(), "phone_inbox", json!({"name": "smoke-a", "token": a})).await;
-    let Outcome::Ok(v) = out else { panic!("{out:?}") };
+    let (out, _) = mcp
+        .call(
+            &r.base(),
+            "phone_inbox",
+            json!({"name": "smoke-a", "token": a}),
+        )
+        .await;
+    let Outcome::Ok(v) = out else {
+        panic!("{out:?}")
+    };
     assert_eq!(v["messages"][0]["body"], "hi");
     r.stop(Duration::from_secs(5)).await;
 }

@@ -72,8 +72,10 @@ impl Attack {
             "attack for {:.0} s:\n  {}\n  {}\n  {}\n  {}",
             self.watch.as_secs_f64(),
             self.idle.describe("idle", self.counts.idle),
-            self.keepalive.describe("idle keep-alive", self.counts.keepalive),
-            self.slow_headers.describe("slow headers", self.counts.slow_headers),
+            self.keepalive
+                .describe("idle keep-alive", self.counts.keepalive),
+            self.slow_headers
+                .describe("slow headers", self.counts.slow_headers),
             self.slow_body.describe("slow body", self.counts.slow_body)
         )
     }
@@ -148,9 +150,16 @@ pub async fn attack(addr: SocketAddr, counts: Counts, watch: Duration) -> Attack
 }
 
 async fn one(addr: SocketAddr, kind: Kind, watch: Duration) -> ConnResult {
-    let mut result = ConnResult { kind, connected: false, closed_after: None, statuses: Vec::new() };
+    let mut result = ConnResult {
+        kind,
+        connected: false,
+        closed_after: None,
+        statuses: Vec::new(),
+    };
     let t0 = Instant::now();
-    let Ok(Ok(mut s)) = tokio::time::timeout(Duration::from_secs(3), TcpStream::connect(addr)).await else {
+    let Ok(Ok(mut s)) =
+        tokio::time::timeout(Duration::from_secs(3), TcpStream::connect(addr)).await
+    else {
         return result;
     };
     result.connected = true;
@@ -223,7 +232,11 @@ impl Exhaustion {
             self.limit,
             self.connected,
             self.attempted,
-            if self.served_during { "was served" } else { "was NOT served" },
+            if self.served_during {
+                "was served"
+            } else {
+                "was NOT served"
+            },
             self.during,
             match (self.served_after, self.recovery) {
                 (true, Some(t)) => format!("served again {t:.2} s later"),
@@ -235,18 +248,26 @@ impl Exhaustion {
 
     pub fn summary(&self) -> String {
         format!(
-            "{} idle connections vs {} descriptors: new clients {} while they stayed open, served again {} after they closed",
+            "{} idle connections vs {} descriptors: a new client willing to wait 8 s was {} while they stayed open ({}); \
+             served again {} after they closed",
             self.attempted,
             self.limit,
-            if self.served_during { "served" } else { "not served" },
-            self.recovery.map_or("never".into(), |t| format!("{t:.2} s"))
+            if self.served_during {
+                "served"
+            } else {
+                "not served"
+            },
+            self.during,
+            self.recovery
+                .map_or("never".into(), |t| format!("{t:.2} s"))
         )
     }
 
     pub fn recovery_text(&self) -> String {
         format!(
             "descriptor-exhausted replica serves again {} after the idle connections close",
-            self.recovery.map_or("never".into(), |t| format!("{t:.2} s"))
+            self.recovery
+                .map_or("never".into(), |t| format!("{t:.2} s"))
         )
     }
 }
@@ -254,20 +275,46 @@ impl Exhaustion {
 /// Holds `n` idle connections open against a replica that may open `limit`
 /// files, and checks whether anyone else is served meanwhile and afterwards.
 pub async fn exhaust_descriptors(db: &str, limit: u32, n: usize) -> Exhaustion {
-    let mut r = Replica::new("fd-r0", db, &[("PHONE_POOL_SIZE", "4")]).with_nofile(limit);
+    // A connection cap below the descriptor limit and a short idle timeout:
+    // settings a server without them ignores.
+    let mut r = Replica::new(
+        "fd-r0",
+        db,
+        &[
+            ("PHONE_POOL_SIZE", "4"),
+            ("PHONE_MAX_CONNECTIONS", "128"),
+            ("PHONE_IDLE_TIMEOUT_SECS", "3"),
+        ],
+    )
+    .with_nofile(limit);
     r.start().await;
     let mut held = Vec::new();
     for _ in 0..n {
-        if let Ok(Ok(s)) = tokio::time::timeout(Duration::from_millis(500), TcpStream::connect(r.addr())).await {
+        if let Ok(Ok(s)) =
+            tokio::time::timeout(Duration::from_millis(500), TcpStream::connect(r.addr())).await
+        {
             held.push(s);
         }
     }
     let connected = held.len();
     // Give the server time to accept what it can.
     tokio::time::sleep(Duration::from_millis(1500)).await;
+    // A new client that is willing to wait up to 8 s (longer than the idle
+    // timeout given above, so a server that sheds idle connections serves it).
     let t = Instant::now();
-    let status = harness::health(&r.base()).await;
-    let during = format!("GET /health → {status:?} after {:.2} s", t.elapsed().as_secs_f64());
+    let status = reqwest::Client::builder()
+        .timeout(Duration::from_secs(8))
+        .build()
+        .unwrap()
+        .get(format!("{}/health", r.base()))
+        .send()
+        .await
+        .ok()
+        .map(|resp| resp.status().as_u16());
+    let during = format!(
+        "GET /health → {status:?} after {:.2} s",
+        t.elapsed().as_secs_f64()
+    );
     let served_during = status == Some(200);
     drop(held);
     let dropped = Instant::now();

@@ -150,11 +150,17 @@ impl Load {
         let mut recipients = Vec::new();
         for i in 0..config.senders {
             let name = format!("{prefix}-s{i}");
-            senders.push(Agent { token: register(&mcp, &bases, &name).await, name });
+            senders.push(Agent {
+                token: register(&mcp, &bases, &name).await,
+                name,
+            });
         }
         for i in 0..config.recipients {
             let name = format!("{prefix}-r{i}");
-            recipients.push(Agent { token: register(&mcp, &bases, &name).await, name });
+            recipients.push(Agent {
+                token: register(&mcp, &bases, &name).await,
+                name,
+            });
         }
         let load = Arc::new(Load {
             t0: Instant::now(),
@@ -170,14 +176,20 @@ impl Load {
             stop_polling: AtomicBool::new(false),
             acked_count: AtomicUsize::new(0),
         });
-        let senders = (0..config.senders).map(|i| tokio::spawn(sender(load.clone(), i))).collect();
+        let senders = (0..config.senders)
+            .map(|i| tokio::spawn(sender(load.clone(), i)))
+            .collect();
         let mut pollers = Vec::new();
         for r in 0..config.recipients {
             for p in 0..config.pollers_per_recipient {
                 pollers.push(tokio::spawn(poller(load.clone(), r, p)));
             }
         }
-        Running { load, senders, pollers }
+        Running {
+            load,
+            senders,
+            pollers,
+        }
     }
 
     pub fn now(&self) -> f64 {
@@ -293,7 +305,8 @@ async fn poller(load: Arc<Load>, recipient: usize, p: usize) {
         let draining = load.stop_polling.load(Ordering::SeqCst);
         let at = load.now();
         let wait_now = if draining { 0 } else { wait };
-        let args = json!({"name": me.name, "token": me.token, "limit": 20, "wait_seconds": wait_now});
+        let args =
+            json!({"name": me.name, "token": me.token, "limit": 20, "wait_seconds": wait_now});
         let (out, _) = mcp.call(&load.bases[r], "phone_inbox", args).await;
         load.record(at, r, "phone_inbox", &me.name, &out);
         match out {
@@ -354,7 +367,12 @@ async fn history(load: &Load, mcp: &Mcp, r: usize, me: &Agent) -> bool {
     load.record(at, r, "phone_inbox", &me.name, &out);
     match out {
         Outcome::Ok(v) => {
-            record_seen(load, me, v["messages"].as_array().map(Vec::as_slice).unwrap_or(&[]), Via::History);
+            record_seen(
+                load,
+                me,
+                v["messages"].as_array().map(Vec::as_slice).unwrap_or(&[]),
+                Via::History,
+            );
             true
         }
         _ => false,
@@ -424,7 +442,11 @@ impl Verdict {
         let mut v = Vec::new();
         let mut add = |what: &str, list: &[String]| {
             if !list.is_empty() {
-                v.push(format!("{what}: {} (e.g. {:?})", list.len(), &list[..list.len().min(5)]));
+                v.push(format!(
+                    "{what}: {} (e.g. {:?})",
+                    list.len(),
+                    &list[..list.len().min(5)]
+                ));
             }
         };
         add("lost", &self.lost);
@@ -480,7 +502,11 @@ pub async fn check(load: &Load, database_url: &str) -> Verdict {
         .await
         .expect("read messages");
 
-    let mut v = Verdict { attempted: sends.len(), db_rows: rows.len(), ..Verdict::default() };
+    let mut v = Verdict {
+        attempted: sends.len(),
+        db_rows: rows.len(),
+        ..Verdict::default()
+    };
     let by_key: HashMap<&str, &SendRecord> = sends.iter().map(|s| (s.key.as_str(), s)).collect();
 
     // key -> (id, read, delivery_count) rows in the database
@@ -491,24 +517,36 @@ pub async fn check(load: &Load, database_url: &str) -> Verdict {
         let body: String = row.get("body");
         let id = format!("msg_{}", row.get::<_, i64>("id"));
         let Some(key) = key else {
-            v.invented.push(format!("{id} stored without a key: {body:?}"));
+            v.invented
+                .push(format!("{id} stored without a key: {body:?}"));
             continue;
         };
         match by_key.get(key.as_str()) {
             Some(s) if s.body == body && s.recipient == row.get::<_, String>("recipient") => {}
-            _ => v.invented.push(format!("{id} stored with key {key}: {body:?}")),
+            _ => v
+                .invented
+                .push(format!("{id} stored with key {key}: {body:?}")),
         }
         if let Some(t) = row.get::<_, Option<chrono::DateTime<chrono::Utc>>>("read_at") {
-            read_at.insert(key.clone(), (t - load.wall0).num_milliseconds() as f64 / 1000.0);
+            read_at.insert(
+                key.clone(),
+                (t - load.wall0).num_milliseconds() as f64 / 1000.0,
+            );
         }
-        stored.entry(key).or_default().push((id, row.get("read"), row.get("delivery_count")));
+        stored
+            .entry(key)
+            .or_default()
+            .push((id, row.get("read"), row.get("delivery_count")));
     }
     for (key, copies) in &stored {
         if copies.len() > 1 {
             v.stored_twice.push(key.clone());
         }
         if copies.iter().any(|(_, _, n)| *n > 1) {
-            v.duplicated.push(format!("{key} handed out {} times (delivery_count)", copies[0].2));
+            v.duplicated.push(format!(
+                "{key} handed out {} times (delivery_count)",
+                copies[0].2
+            ));
         }
     }
 
@@ -517,18 +555,24 @@ pub async fn check(load: &Load, database_url: &str) -> Verdict {
     let mut in_history: HashSet<String> = HashSet::new();
     for s in &seen {
         let key = s.body.strip_prefix("chaos ").unwrap_or(&s.body).to_owned();
-        let known = by_key.get(key.as_str()).is_some_and(|rec| rec.recipient == s.recipient);
+        let known = by_key
+            .get(key.as_str())
+            .is_some_and(|rec| rec.recipient == s.recipient);
         match s.via {
             Via::Poll => {
                 v.polled += 1;
                 if !known {
-                    v.invented.push(format!("{} polled by {}: {:?}", s.id, s.recipient, s.body));
+                    v.invented
+                        .push(format!("{} polled by {}: {:?}", s.id, s.recipient, s.body));
                 }
                 polled.entry(key).or_default().push(s.id.clone());
             }
             Via::History => {
                 if !known {
-                    v.invented.push(format!("{} in {}'s history: {:?}", s.id, s.recipient, s.body));
+                    v.invented.push(format!(
+                        "{} in {}'s history: {:?}",
+                        s.id, s.recipient, s.body
+                    ));
                 }
                 if s.read {
                     in_history.insert(key);
@@ -560,16 +604,26 @@ pub async fn check(load: &Load, database_url: &str) -> Verdict {
             continue;
         };
         if copies.iter().any(|(id, _, _)| id != acked_id) {
-            v.mismatched.push(format!("{}: acknowledged {acked_id}, stored {:?}", s.key, copies));
+            v.mismatched.push(format!(
+                "{}: acknowledged {acked_id}, stored {:?}",
+                s.key, copies
+            ));
         }
         let ids = polled.get(&s.key).cloned().unwrap_or_default();
         if ids.iter().any(|id| id != acked_id) {
-            v.mismatched.push(format!("{}: acknowledged {acked_id}, polled {ids:?}", s.key));
+            v.mismatched.push(format!(
+                "{}: acknowledged {acked_id}, polled {ids:?}",
+                s.key
+            ));
         }
         match ids.len() {
             1 => v.delivered_once += 1,
             0 if copies[0].1 => {
-                v.unseen.push((s.key.clone(), s.recipient.clone(), read_at.get(&s.key).copied().unwrap_or(f64::NAN)));
+                v.unseen.push((
+                    s.key.clone(),
+                    s.recipient.clone(),
+                    read_at.get(&s.key).copied().unwrap_or(f64::NAN),
+                ));
                 if in_history.contains(&s.key) {
                     v.via_history += 1;
                 } else {
@@ -577,7 +631,9 @@ pub async fn check(load: &Load, database_url: &str) -> Verdict {
                 }
             }
             0 => v.waiting += 1,
-            n => v.duplicated.push(format!("{} returned by {n} polls", s.key)),
+            n => v
+                .duplicated
+                .push(format!("{} returned by {n} polls", s.key)),
         }
     }
     v
@@ -589,8 +645,11 @@ pub async fn check(load: &Load, database_url: &str) -> Verdict {
 /// The longest stretch, within `[from, to]`, with no successful `tool` call
 /// ending, in seconds.
 pub fn longest_gap(calls: &[CallRecord], tool: &str, from: f64, to: f64) -> f64 {
-    let mut ends: Vec<f64> =
-        calls.iter().filter(|c| c.tool == tool && c.ok() && c.end >= from && c.end <= to).map(|c| c.end).collect();
+    let mut ends: Vec<f64> = calls
+        .iter()
+        .filter(|c| c.tool == tool && c.ok() && c.end >= from && c.end <= to)
+        .map(|c| c.end)
+        .collect();
     ends.sort_by(f64::total_cmp);
     let mut prev = from;
     let mut gap: f64 = 0.0;
@@ -602,17 +661,29 @@ pub fn longest_gap(calls: &[CallRecord], tool: &str, from: f64, to: f64) -> f64 
 }
 
 /// When the first call started at or after `t` succeeded (its end), if any.
-pub fn first_success_after(calls: &[CallRecord], tool: &str, t: f64, replica: Option<usize>) -> Option<f64> {
+pub fn first_success_after(
+    calls: &[CallRecord],
+    tool: &str,
+    t: f64,
+    replica: Option<usize>,
+) -> Option<f64> {
     calls
         .iter()
-        .filter(|c| c.tool == tool && c.ok() && c.start >= t && replica.is_none_or(|r| c.replica == r))
+        .filter(|c| {
+            c.tool == tool && c.ok() && c.start >= t && replica.is_none_or(|r| c.replica == r)
+        })
         .map(|c| c.end)
         .min_by(f64::total_cmp)
 }
 
 /// Failed calls that started within `[from, to]`: counts by kind, and the
 /// slowest failure's latency.
-pub fn failures(calls: &[CallRecord], from: f64, to: f64, replica: Option<usize>) -> (Vec<(String, usize)>, f64) {
+pub fn failures(
+    calls: &[CallRecord],
+    from: f64,
+    to: f64,
+    replica: Option<usize>,
+) -> (Vec<(String, usize)>, f64) {
     let mut kinds: HashMap<String, usize> = HashMap::new();
     let mut slowest: f64 = 0.0;
     for c in calls.iter().filter(|c| {
@@ -622,7 +693,7 @@ pub fn failures(calls: &[CallRecord], from: f64, to: f64, replica: Option<usize>
         slowest = slowest.max(c.latency());
     }
     let mut kinds: Vec<_> = kinds.into_iter().collect();
-    kinds.sort_by(|a, b| b.1.cmp(&a.1));
+    kinds.sort_by_key(|k| std::cmp::Reverse(k.1));
     (kinds, slowest)
 }
 
@@ -650,7 +721,11 @@ pub fn kinds_text(kinds: &[(String, usize)]) -> String {
     if kinds.is_empty() {
         return "none".into();
     }
-    kinds.iter().map(|(k, n)| format!("{k}×{n}")).collect::<Vec<_>>().join(", ")
+    kinds
+        .iter()
+        .map(|(k, n)| format!("{k}×{n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Example error texts of one kind (first few distinct).
@@ -683,7 +758,13 @@ pub struct Row {
 }
 
 impl Row {
-    pub fn from_verdict(fault: &str, load: String, v: &Verdict, recovery: String, notes: String) -> Self {
+    pub fn from_verdict(
+        fault: &str,
+        load: String,
+        v: &Verdict,
+        recovery: String,
+        notes: String,
+    ) -> Self {
         let mut delivered = format!("{}", v.delivered());
         let mut parts = Vec::new();
         if v.via_history > 0 {
@@ -731,7 +812,11 @@ pub fn write_row(row: &Row) {
         clean(&row.notes)
     );
     use std::io::Write as _;
-    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path).expect("open results.md");
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .expect("open results.md");
     f.write_all(line.as_bytes()).expect("write results.md");
     println!("RESULT {line}");
 }
@@ -740,7 +825,12 @@ pub fn write_row(row: &Row) {
 pub fn write_finding(text: &str) {
     let path = harness::out_dir().join("findings.md");
     use std::io::Write as _;
-    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path).expect("open findings.md");
-    f.write_all(format!("{text}\n").as_bytes()).expect("write findings.md");
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .expect("open findings.md");
+    f.write_all(format!("{text}\n").as_bytes())
+        .expect("write findings.md");
     println!("{text}");
 }

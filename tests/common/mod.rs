@@ -8,9 +8,14 @@ use std::net::SocketAddr;
 use phone::{Application, Config};
 use rmcp::{
     ClientServiceExt, RoleClient, ServiceExt,
-    model::{CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, Implementation, ProtocolVersion},
+    model::{
+        CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, Implementation,
+        ProtocolVersion,
+    },
     service::RunningService,
-    transport::{StreamableHttpClientTransport, streamable_http_client::StreamableHttpClientTransportConfig},
+    transport::{
+        StreamableHttpClientTransport, streamable_http_client::StreamableHttpClientTransportConfig,
+    },
 };
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
@@ -34,10 +39,15 @@ pub fn admin_url() -> String {
 /// Creates an empty database; the application migrates it at startup.
 pub async fn fresh_database() -> String {
     let admin = admin_url();
-    let (client, connection) = tokio_postgres::connect(&admin, NoTls).await.expect("connect to test PostgreSQL");
+    let (client, connection) = tokio_postgres::connect(&admin, NoTls)
+        .await
+        .expect("connect to test PostgreSQL");
     tokio::spawn(connection);
     let name = format!("phone_t_{:016x}", rand::random::<u64>());
-    client.batch_execute(&format!("CREATE DATABASE {name}")).await.expect("create test database");
+    client
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .expect("create test database");
     let base = admin.rsplit_once('/').expect("URL has a database part").0;
     format!("{base}/{name}")
 }
@@ -70,13 +80,20 @@ pub async fn spawn_app_with(extra: &[(&str, &str)]) -> TestApp {
 pub async fn spawn_app_on(database_url: &str, extra: &[(&str, &str)]) -> TestApp {
     let config = test_config(database_url, extra);
     phone::telemetry::init(&config.log_filter, config.log_format);
-    let app = Application::build(&config).await.expect("application starts");
+    let app = Application::build(&config)
+        .await
+        .expect("application starts");
     let addr = app.local_addr();
     let (stop, stopped) = oneshot::channel::<()>();
     let server = tokio::spawn(app.run_until(async {
         let _ = stopped.await;
     }));
-    TestApp { addr, database_url: database_url.to_owned(), stop: Some(stop), server: Some(server) }
+    TestApp {
+        addr,
+        database_url: database_url.to_owned(),
+        stop: Some(stop),
+        server: Some(server),
+    }
 }
 
 impl TestApp {
@@ -99,7 +116,10 @@ impl TestApp {
             config = config.auth_header(token.to_owned());
         }
         let transport = StreamableHttpClientTransport::from_config(config);
-        client_info().serve(transport).await.expect("MCP client connects")
+        client_info()
+            .serve(transport)
+            .await
+            .expect("MCP client connects")
     }
 
     /// An MCP client speaking 2026-07-28: no initialize, `server/discover`.
@@ -112,14 +132,18 @@ impl TestApp {
         client_info()
             .serve_with_lifecycle(
                 transport,
-                rmcp::ClientLifecycleMode::Discover { preferred_versions: vec![ProtocolVersion::V_2026_07_28] },
+                rmcp::ClientLifecycleMode::Discover {
+                    preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+                },
             )
             .await
             .expect("MCP client discovers the server")
     }
 
     pub async fn db(&self) -> tokio_postgres::Client {
-        let (client, connection) = tokio_postgres::connect(&self.database_url, NoTls).await.expect("connect");
+        let (client, connection) = tokio_postgres::connect(&self.database_url, NoTls)
+            .await
+            .expect("connect");
         tokio::spawn(connection);
         client
     }
@@ -129,13 +153,19 @@ impl TestApp {
             let _ = stop.send(());
         }
         if let Some(server) = self.server.take() {
-            server.await.expect("server task").expect("server exits cleanly");
+            server
+                .await
+                .expect("server task")
+                .expect("server exits cleanly");
         }
     }
 }
 
 fn client_info() -> ClientConfig {
-    ClientConfig::new(ClientCapabilities::default(), Implementation::new("phone-tests", "0"))
+    ClientConfig::new(
+        ClientCapabilities::default(),
+        Implementation::new("phone-tests", "0"),
+    )
 }
 
 pub async fn call(client: &Client, tool: &str, args: Value) -> CallToolResult {
@@ -158,15 +188,31 @@ pub fn text(result: &CallToolResult) -> String {
 /// The structured result of a call that must succeed.
 pub async fn ok(client: &Client, tool: &str, args: Value) -> Value {
     let result = call(client, tool, args.clone()).await;
-    assert_ne!(result.is_error, Some(true), "{tool}({args}) failed: {}", text(&result));
-    result.structured_content.clone().expect("structured content")
+    assert_ne!(
+        result.is_error,
+        Some(true),
+        "{tool}({args}) failed: {}",
+        text(&result)
+    );
+    result
+        .structured_content
+        .clone()
+        .expect("structured content")
 }
 
 /// The error text of a call that must fail with a tool error.
 pub async fn tool_err(client: &Client, tool: &str, args: Value) -> String {
     let result = call(client, tool, args.clone()).await;
-    assert_eq!(result.is_error, Some(true), "{tool}({args}) should fail, got {:?}", result.structured_content);
-    assert!(result.structured_content.is_none(), "errors carry no structured content");
+    assert_eq!(
+        result.is_error,
+        Some(true),
+        "{tool}({args}) should fail, got {:?}",
+        result.structured_content
+    );
+    assert!(
+        result.structured_content.is_none(),
+        "errors carry no structured content"
+    );
     text(&result)
 }
 
@@ -176,9 +222,17 @@ pub struct Agent {
 }
 
 pub async fn register(client: &Client, name: &str, description: &str, project: &str) -> Agent {
-    let out = ok(client, "phone_register", json!({"name": name, "description": description, "project": project})).await;
+    let out = ok(
+        client,
+        "phone_register",
+        json!({"name": name, "description": description, "project": project}),
+    )
+    .await;
     assert_eq!(out["created"], true);
-    Agent { name: out["name"].as_str().unwrap().to_owned(), token: out["token"].as_str().unwrap().to_owned() }
+    Agent {
+        name: out["name"].as_str().unwrap().to_owned(),
+        token: out["token"].as_str().unwrap().to_owned(),
+    }
 }
 
 impl Agent {

@@ -16,8 +16,9 @@ pub fn pg_err(e: &tokio_postgres::Error) -> String {
 }
 
 pub async fn connect(url: &str) -> Result<Client, String> {
-    let (client, connection) =
-        tokio_postgres::connect(url, NoTls).await.map_err(|e| format!("connect {url}: {}", pg_err(&e)))?;
+    let (client, connection) = tokio_postgres::connect(url, NoTls)
+        .await
+        .map_err(|e| format!("connect {url}: {}", pg_err(&e)))?;
     tokio::spawn(async move {
         let _ = connection.await;
     });
@@ -26,22 +27,65 @@ pub async fn connect(url: &str) -> Result<Client, String> {
 
 pub async fn recreate_database(admin: &Client, name: &str) -> Result<(), String> {
     // Neither statement may run in a transaction block: one at a time.
-    for sql in [format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"), format!("CREATE DATABASE {name}")] {
-        admin.batch_execute(&sql).await.map_err(|e| format!("{sql}: {}", pg_err(&e)))?;
+    for sql in [
+        format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+        format!("CREATE DATABASE {name}"),
+    ] {
+        admin
+            .batch_execute(&sql)
+            .await
+            .map_err(|e| format!("{sql}: {}", pg_err(&e)))?;
     }
     Ok(())
+}
+
+/// Drops a table's plain secondary indexes (not primary keys, not unique
+/// ones) before a bulk load and returns their definitions for
+/// `recreate_indexes`: one sorted build afterwards is several times cheaper
+/// than maintaining them row by row. The definitions come from the
+/// database itself, so the schema stays the server's own.
+pub async fn drop_secondary_indexes(db: &Client, table: &str) -> Result<Vec<String>, String> {
+    let rows = db
+        .query(
+            "SELECT i.relname::text, pg_get_indexdef(i.oid)
+             FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid
+             WHERE x.indrelid = $1::text::regclass AND NOT x.indisunique AND NOT x.indisprimary",
+            &[&table],
+        )
+        .await
+        .map_err(|e| format!("list indexes of {table}: {}", pg_err(&e)))?;
+    let mut defs = Vec::new();
+    for r in &rows {
+        let name: String = r.get(0);
+        each(db, &[&format!("DROP INDEX {name}")]).await?;
+        defs.push(r.get(1));
+    }
+    Ok(defs)
+}
+
+pub async fn recreate_indexes(db: &Client, defs: &[String]) -> Result<(), String> {
+    each(db, &["SET maintenance_work_mem = '512MB'"]).await?;
+    for d in defs {
+        each(db, &[d.as_str()]).await?;
+    }
+    each(db, &["RESET maintenance_work_mem"]).await
 }
 
 /// Statements that refuse transaction blocks (VACUUM), one by one.
 pub async fn each(db: &Client, statements: &[&str]) -> Result<(), String> {
     for sql in statements {
-        db.batch_execute(sql).await.map_err(|e| format!("{sql}: {}", pg_err(&e)))?;
+        db.batch_execute(sql)
+            .await
+            .map_err(|e| format!("{sql}: {}", pg_err(&e)))?;
     }
     Ok(())
 }
 
 pub async fn scalar_i64(db: &Client, sql: &str) -> Result<i64, String> {
-    db.query_one(sql, &[]).await.map(|r| r.get(0)).map_err(|e| format!("{sql}: {}", pg_err(&e)))
+    db.query_one(sql, &[])
+        .await
+        .map(|r| r.get(0))
+        .map_err(|e| format!("{sql}: {}", pg_err(&e)))
 }
 
 pub async fn show(db: &Client, setting: &str) -> String {
@@ -60,11 +104,18 @@ pub struct DbCounters {
 
 pub async fn counters(db: &Client, database: &str) -> DbCounters {
     let commits = db
-        .query_one("SELECT xact_commit FROM pg_stat_database WHERE datname = $1", &[&database])
+        .query_one(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = $1",
+            &[&database],
+        )
         .await
         .map(|r| r.get::<_, i64>(0))
         .unwrap_or(0);
-    let wal_syncs = db.query_one("SELECT wal_sync FROM pg_stat_wal", &[]).await.map(|r| r.get::<_, i64>(0)).unwrap_or(0);
+    let wal_syncs = db
+        .query_one("SELECT wal_sync FROM pg_stat_wal", &[])
+        .await
+        .map(|r| r.get::<_, i64>(0))
+        .unwrap_or(0);
     DbCounters { commits, wal_syncs }
 }
 
@@ -91,79 +142,251 @@ pub async fn count_window(
 /// Ids of agents in the order of `names`; pgbench needs them consecutive.
 pub async fn consecutive_ids(db: &Client, names: &[String]) -> Result<i64, String> {
     let rows = db
-        .query("SELECT name, id FROM agents WHERE name = ANY($1)", &[&names])
+        .query(
+            "SELECT name, id FROM agents WHERE name = ANY($1)",
+            &[&names],
+        )
         .await
         .map_err(|e| format!("agent ids: {}", pg_err(&e)))?;
-    let id_of = |n: &String| rows.iter().find(|r| r.get::<_, &str>(0) == n).map(|r| r.get::<_, i64>(1));
+    let id_of = |n: &String| {
+        rows.iter()
+            .find(|r| r.get::<_, &str>(0) == n)
+            .map(|r| r.get::<_, i64>(1))
+    };
     let base = id_of(&names[0]).ok_or("first agent missing")?;
     for (i, n) in names.iter().enumerate() {
         if id_of(n) != Some(base + i as i64) {
-            return Err(format!("agent ids are not consecutive ({n} is not {base}+{i}); pgbench pairing needs them"));
+            return Err(format!(
+                "agent ids are not consecutive ({n} is not {base}+{i}); pgbench pairing needs them"
+            ));
         }
     }
     Ok(base)
 }
 
 const ROLES: &[&str] = &[
-    "Invoice assistant", "Email triage agent", "Calendar planner", "Code review bot", "Data analyst",
-    "Support agent", "Research assistant", "Translation agent", "DevOps helper", "Sales assistant",
-    "Recruiting coordinator", "Legal reviewer", "Security auditor", "Marketing writer", "Travel planner",
-    "Inventory tracker", "QA tester", "Documentation writer", "Billing specialist", "Meeting summarizer",
+    "Invoice assistant",
+    "Email triage agent",
+    "Calendar planner",
+    "Code review bot",
+    "Data analyst",
+    "Support agent",
+    "Research assistant",
+    "Translation agent",
+    "DevOps helper",
+    "Sales assistant",
+    "Recruiting coordinator",
+    "Legal reviewer",
+    "Security auditor",
+    "Marketing writer",
+    "Travel planner",
+    "Inventory tracker",
+    "QA tester",
+    "Documentation writer",
+    "Billing specialist",
+    "Meeting summarizer",
 ];
 const DOMAINS: &[&str] = &[
-    "finance", "billing", "support", "platform engineering", "marketing", "sales", "legal", "people ops",
-    "logistics", "security", "research", "operations", "data", "mobile", "payments", "compliance",
-    "infrastructure", "design", "procurement", "customer success",
+    "finance",
+    "billing",
+    "support",
+    "platform engineering",
+    "marketing",
+    "sales",
+    "legal",
+    "people ops",
+    "logistics",
+    "security",
+    "research",
+    "operations",
+    "data",
+    "mobile",
+    "payments",
+    "compliance",
+    "infrastructure",
+    "design",
+    "procurement",
+    "customer success",
 ];
 const CAPABILITIES: &[&str] = &[
-    "summarize meeting notes", "triage support tickets", "reconcile invoices", "review pull requests",
-    "translate documents between English and German", "schedule meetings across time zones",
-    "monitor Kubernetes clusters", "draft marketing emails", "analyze weekly sales data",
-    "answer customer questions", "generate regression test cases", "write SQL queries",
-    "label training data", "plan travel itineraries", "track shipping orders", "audit access logs",
-    "forecast inventory levels", "prepare quarterly tax reports", "book conference rooms",
-    "moderate forum posts", "transcribe audio recordings", "scan contracts for risky clauses",
-    "tune database indexes", "deploy web services", "rotate API credentials", "benchmark model latency",
-    "curate research papers", "onboard new employees", "update CRM records", "resolve billing disputes",
-    "file expense reports", "chase overdue payments", "write release notes", "triage failing CI builds",
-    "extract tables from PDF files", "clean messy spreadsheets", "answer HR policy questions",
-    "draft job descriptions", "check GDPR compliance", "localize app strings",
+    "summarize meeting notes",
+    "triage support tickets",
+    "reconcile invoices",
+    "review pull requests",
+    "translate documents between English and German",
+    "schedule meetings across time zones",
+    "monitor Kubernetes clusters",
+    "draft marketing emails",
+    "analyze weekly sales data",
+    "answer customer questions",
+    "generate regression test cases",
+    "write SQL queries",
+    "label training data",
+    "plan travel itineraries",
+    "track shipping orders",
+    "audit access logs",
+    "forecast inventory levels",
+    "prepare quarterly tax reports",
+    "book conference rooms",
+    "moderate forum posts",
+    "transcribe audio recordings",
+    "scan contracts for risky clauses",
+    "tune database indexes",
+    "deploy web services",
+    "rotate API credentials",
+    "benchmark model latency",
+    "curate research papers",
+    "onboard new employees",
+    "update CRM records",
+    "resolve billing disputes",
+    "file expense reports",
+    "chase overdue payments",
+    "write release notes",
+    "triage failing CI builds",
+    "extract tables from PDF files",
+    "clean messy spreadsheets",
+    "answer HR policy questions",
+    "draft job descriptions",
+    "check GDPR compliance",
+    "localize app strings",
 ];
 const TOOLS: &[&str] = &[
-    "Slack", "Jira", "GitHub", "Postgres", "Salesforce", "Google Sheets", "Notion", "Zendesk", "Stripe",
-    "S3", "Snowflake", "Figma", "Confluence", "Gmail", "PDF files", "Excel", "REST APIs",
-    "Google Calendar", "Linear", "HubSpot",
+    "Slack",
+    "Jira",
+    "GitHub",
+    "Postgres",
+    "Salesforce",
+    "Google Sheets",
+    "Notion",
+    "Zendesk",
+    "Stripe",
+    "S3",
+    "Snowflake",
+    "Figma",
+    "Confluence",
+    "Gmail",
+    "PDF files",
+    "Excel",
+    "REST APIs",
+    "Google Calendar",
+    "Linear",
+    "HubSpot",
 ];
 const EXTRAS: &[&str] = &[
-    "Replies within minutes.", "Works best with structured input.", "Escalates to a human when unsure.",
-    "Available around the clock.", "Returns results as Markdown tables.", "Keeps an audit trail of every change.",
-    "Prefers batched requests.", "Can handle attachments up to 10 MB.", "Speaks English, French and Spanish.",
-    "Runs nightly and on demand.", "Asks clarifying questions before acting.", "",
+    "Replies within minutes.",
+    "Works best with structured input.",
+    "Escalates to a human when unsure.",
+    "Available around the clock.",
+    "Returns results as Markdown tables.",
+    "Keeps an audit trail of every change.",
+    "Prefers batched requests.",
+    "Can handle attachments up to 10 MB.",
+    "Speaks English, French and Spanish.",
+    "Runs nightly and on demand.",
+    "Asks clarifying questions before acting.",
+    "",
 ];
 /// Each appears in about 1 of 10,000 descriptions.
 pub const RARE: &[&str] = &[
-    "vexillology", "horology", "speleology", "mycology", "numismatics", "falconry", "marquetry",
-    "glaciology", "papyrology", "philately", "lepidoptera", "seismograph", "astrolabe", "calligraphy",
-    "oenology", "cartography", "bioluminescence", "hieroglyphs", "quasicrystals", "zymurgy",
+    "vexillology",
+    "horology",
+    "speleology",
+    "mycology",
+    "numismatics",
+    "falconry",
+    "marquetry",
+    "glaciology",
+    "papyrology",
+    "philately",
+    "lepidoptera",
+    "seismograph",
+    "astrolabe",
+    "calligraphy",
+    "oenology",
+    "cartography",
+    "bioluminescence",
+    "hieroglyphs",
+    "quasicrystals",
+    "zymurgy",
 ];
 /// Skewed: the first ones are much more common (power(random(), 2)).
 pub const PROJECTS: &[&str] = &[
-    "atlas", "apollo", "helios", "orion", "zephyr", "nimbus", "aurora", "cobalt", "falcon", "gemini",
-    "hermes", "ion", "juniper", "kepler", "lumen", "meridian", "nova", "onyx", "pegasus", "quartz",
-    "raven", "sierra", "titan", "umbra", "vega", "willow", "xenon", "yukon", "zenith", "acme-billing",
-    "acme-support", "acme-data", "northwind", "contoso", "fabrikam", "globex", "initech", "umbrella",
-    "hooli", "piedpiper", "stark-labs", "wayne-ops", "tyrell", "cyberdyne", "soylent", "wonka",
-    "gringotts", "oscorp", "vandelay", "dunder-mifflin", "prestige", "monarch", "massive-dynamic",
-    "aperture", "black-mesa", "blue-sun", "weyland", "virtucon", "genco", "krusty",
+    "atlas",
+    "apollo",
+    "helios",
+    "orion",
+    "zephyr",
+    "nimbus",
+    "aurora",
+    "cobalt",
+    "falcon",
+    "gemini",
+    "hermes",
+    "ion",
+    "juniper",
+    "kepler",
+    "lumen",
+    "meridian",
+    "nova",
+    "onyx",
+    "pegasus",
+    "quartz",
+    "raven",
+    "sierra",
+    "titan",
+    "umbra",
+    "vega",
+    "willow",
+    "xenon",
+    "yukon",
+    "zenith",
+    "acme-billing",
+    "acme-support",
+    "acme-data",
+    "northwind",
+    "contoso",
+    "fabrikam",
+    "globex",
+    "initech",
+    "umbrella",
+    "hooli",
+    "piedpiper",
+    "stark-labs",
+    "wayne-ops",
+    "tyrell",
+    "cyberdyne",
+    "soylent",
+    "wonka",
+    "gringotts",
+    "oscorp",
+    "vandelay",
+    "dunder-mifflin",
+    "prestige",
+    "monarch",
+    "massive-dynamic",
+    "aperture",
+    "black-mesa",
+    "blue-sun",
+    "weyland",
+    "virtucon",
+    "genco",
+    "krusty",
 ];
 
 fn sql_array(items: &[&str]) -> String {
-    let quoted: Vec<String> = items.iter().map(|s| format!("'{}'", s.replace('\'', "''"))).collect();
+    let quoted: Vec<String> = items
+        .iter()
+        .map(|s| format!("'{}'", s.replace('\'', "''")))
+        .collect();
     format!("ARRAY[{}]", quoted.join(","))
 }
 
 fn pick(items: &[&str]) -> String {
-    format!("({})[1 + floor(random() * {})::int]", sql_array(items), items.len())
+    format!(
+        "({})[1 + floor(random() * {})::int]",
+        sql_array(items),
+        items.len()
+    )
 }
 
 /// A token the bench can reconstruct for seeded agent `g` (prefix tells the
@@ -198,7 +421,9 @@ pub async fn seed_directory(db: &Client, from: i64, to: i64) -> Result<(), Strin
         projects = sql_array(PROJECTS),
         nprojects = PROJECTS.len(),
     );
-    db.execute(&sql, &[&from, &to]).await.map_err(|e| format!("seed directory: {}", pg_err(&e)))?;
+    db.execute(&sql, &[&from, &to])
+        .await
+        .map_err(|e| format!("seed directory: {}", pg_err(&e)))?;
     Ok(())
 }
 
@@ -243,6 +468,147 @@ pub async fn seed_history(
     .await
     .map_err(|e| format!("seed history: {}", pg_err(&e)))?;
     Ok(())
+}
+
+#[derive(Clone, Debug)]
+pub struct StmtStat {
+    pub query: String,
+    pub calls: i64,
+    pub total_ms: f64,
+    pub rows: i64,
+    /// Shared buffers hit + read: pages touched, whatever the CPU contention.
+    pub blocks: i64,
+}
+
+impl StmtStat {
+    /// What a statement of the server is for, by its text.
+    pub fn kind(&self) -> &'static str {
+        let q = self.query.as_str();
+        if q.contains("INSERT INTO messages") {
+            "send"
+        } else if q.contains("SKIP LOCKED") {
+            "poll"
+        } else if q.contains("UPDATE agents SET last_seen_at") {
+            "presence"
+        } else if q.contains("inbox_waiters") {
+            "waiters"
+        } else if q.contains("token_hash") {
+            "auth"
+        } else if q.contains("FROM agents") {
+            "directory"
+        } else {
+            "other"
+        }
+    }
+}
+
+/// Clears pg_stat_statements (all databases). Err when the module is not loaded.
+pub async fn statements_reset(admin: &Client) -> Result<(), String> {
+    admin
+        .batch_execute("SELECT pg_stat_statements_reset()")
+        .await
+        .map_err(|e| format!("pg_stat_statements: {}", pg_err(&e)))
+}
+
+/// Statements run in `database` since the last reset, the costliest first.
+pub async fn statements(admin: &Client, database: &str) -> Result<Vec<StmtStat>, String> {
+    let rows = admin
+        .query(
+            "SELECT regexp_replace(query, '\\s+', ' ', 'g'), calls, total_exec_time, rows,
+                    shared_blks_hit + shared_blks_read
+             FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+             WHERE d.datname = $1 AND calls > 0
+             ORDER BY total_exec_time DESC",
+            &[&database],
+        )
+        .await
+        .map_err(|e| format!("pg_stat_statements: {}", pg_err(&e)))?;
+    Ok(rows
+        .iter()
+        .map(|r| StmtStat {
+            query: r.get(0),
+            calls: r.get(1),
+            total_ms: r.get(2),
+            rows: r.get(3),
+            blocks: r.get(4),
+        })
+        .collect())
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum Seed {
+    Directory,
+    History {
+        base: i64,
+        agents: i64,
+        all_read_slots: i64,
+    },
+}
+
+/// Seeds g in [from, to] in chunks over `conns` parallel sessions, taking
+/// no new chunk after `deadline`. Returns the last g loaded: chunks are
+/// handed out in order and each one started is finished, so [from, result]
+/// is complete. Sessions skip foreign-key triggers (the rows reference
+/// agents that exist by construction) and commit asynchronously: this is
+/// set-up, not measurement.
+pub async fn seed_parallel(
+    url: &str,
+    what: Seed,
+    from: i64,
+    to: i64,
+    chunk: i64,
+    conns: usize,
+    deadline: std::time::Instant,
+) -> Result<i64, String> {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicI64, Ordering},
+    };
+    let next = Arc::new(AtomicI64::new(from));
+    let done = Arc::new(AtomicI64::new(from - 1));
+    let mut tasks = Vec::new();
+    for _ in 0..conns {
+        let client = connect(url).await?;
+        let (next, done) = (next.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            each(
+                &client,
+                &[
+                    "SET session_replication_role = replica",
+                    "SET synchronous_commit = off",
+                ],
+            )
+            .await?;
+            for _ in 0..1_000_000 {
+                if std::time::Instant::now() >= deadline {
+                    break;
+                }
+                let a = next.fetch_add(chunk, Ordering::SeqCst);
+                if a > to {
+                    break;
+                }
+                let b = (a + chunk - 1).min(to);
+                match what {
+                    Seed::Directory => seed_directory(&client, a, b).await?,
+                    Seed::History {
+                        base,
+                        agents,
+                        all_read_slots,
+                    } => seed_history(&client, base, agents, all_read_slots, a, b).await?,
+                }
+                done.fetch_max(b, Ordering::SeqCst);
+            }
+            Ok::<_, String>(())
+        }));
+    }
+    for t in tasks {
+        t.await.map_err(|e| e.to_string())??;
+    }
+    // Every chunk handed out was finished, so the highest end is the prefix.
+    Ok(done
+        .load(Ordering::SeqCst)
+        .min(next.load(Ordering::SeqCst) - 1)
+        .min(to))
 }
 
 pub struct PgbenchResult {
@@ -298,12 +664,16 @@ pub fn pgbench_start(
         .map_err(|e| format!("run pgbench: {e}"))
 }
 
-pub async fn pgbench_finish(child: tokio::process::Child, secs: u64) -> Result<PgbenchResult, String> {
+pub async fn pgbench_finish(
+    child: tokio::process::Child,
+    secs: u64,
+) -> Result<PgbenchResult, String> {
     let out = tokio::time::timeout(Duration::from_secs(secs + 60), child.wait_with_output())
         .await
         .map_err(|_| "pgbench did not finish in time".to_string())?
         .map_err(|e| format!("pgbench: {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     if !out.status.success() {
         return Err(format!("pgbench failed: {text}"));
     }
@@ -324,7 +694,7 @@ pub async fn pgbench_finish(child: tokio::process::Child, secs: u64) -> Result<P
 /// as that line is out (the full run takes ~20 s even at -s 1).
 pub async fn fdatasync_rate(bin: &Path, file: &Path) -> Result<f64, String> {
     let mut child = tokio::process::Command::new(bin.join("pg_test_fsync"))
-        .args(["-s", "2", "-f"])
+        .args(["-s", "1", "-f"])
         .arg(file)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -337,7 +707,11 @@ pub async fn fdatasync_rate(bin: &Path, file: &Path) -> Result<f64, String> {
         while let Ok(Some(line)) = lines.next_line().await {
             let t = line.trim();
             if let Some(rest) = t.strip_prefix("fdatasync") {
-                if let Some(n) = rest.split_whitespace().next().and_then(|n| n.parse::<f64>().ok()) {
+                if let Some(n) = rest
+                    .split_whitespace()
+                    .next()
+                    .and_then(|n| n.parse::<f64>().ok())
+                {
                     return Some(n);
                 }
             }

@@ -31,8 +31,14 @@ pub struct Agent {
 
 /// Registers agents one after another through `phone_register` on one
 /// connection (sequentially, so their ids are consecutive).
-pub async fn register(target: &Target, names: &[String], project: &str) -> Result<Vec<Agent>, String> {
-    let mut conn = Conn::open(target).await.map_err(|e| format!("open {target:?}: {e}"))?;
+pub async fn register(
+    target: &Target,
+    names: &[String],
+    project: &str,
+) -> Result<Vec<Agent>, String> {
+    let mut conn = Conn::open(target)
+        .await
+        .map_err(|e| format!("open {target:?}: {e}"))?;
     let mut agents = Vec::with_capacity(names.len());
     for (i, name) in names.iter().enumerate() {
         let out = conn
@@ -51,7 +57,10 @@ pub async fn register(target: &Target, names: &[String], project: &str) -> Resul
             .get("token")
             .and_then(Value::as_str)
             .ok_or_else(|| format!("phone_register {name}: no token in {out}"))?;
-        agents.push(Agent { name: name.clone(), token: token.to_owned() });
+        agents.push(Agent {
+            name: name.clone(),
+            token: token.to_owned(),
+        });
     }
     Ok(agents)
 }
@@ -118,8 +127,11 @@ pub async fn mix(
                 }
                 for poll in [false, true] {
                     let t = Instant::now();
-                    let (tool, args) =
-                        if poll { ("phone_inbox", &poll_args) } else { ("phone_send", &send_args) };
+                    let (tool, args) = if poll {
+                        ("phone_inbox", &poll_args)
+                    } else {
+                        ("phone_send", &send_args)
+                    };
                     let r = conn.call_tool(tool, args.clone(), Some(&me.token)).await;
                     let took = t.elapsed();
                     out.calls_total += 1;
@@ -130,8 +142,10 @@ pub async fn mix(
                                 if poll {
                                     out.inbox.record(took);
                                     out.polls_ok += 1;
-                                    out.messages_returned +=
-                                        v.get("messages").and_then(Value::as_array).map_or(0, |m| m.len() as u64);
+                                    out.messages_returned += v
+                                        .get("messages")
+                                        .and_then(Value::as_array)
+                                        .map_or(0, |m| m.len() as u64);
                                 } else {
                                     out.send.record(took);
                                     out.sends_ok += 1;
@@ -196,9 +210,14 @@ pub async fn no_db(
                 let t = Instant::now();
                 let r = match what {
                     NoDb::Ping => conn.request("ping", json!({}), None).await.map(|_| ()),
-                    NoDb::InvalidToolCall => match conn.call_tool("phone_inbox", json!({"limit": 0}), None).await {
+                    NoDb::InvalidToolCall => match conn
+                        .call_tool("phone_inbox", json!({"limit": 0}), None)
+                        .await
+                    {
                         Err(crate::mcp::CallError::Tool(_)) => Ok(()),
-                        Ok(v) => Err(crate::mcp::CallError::Decode(format!("expected a tool error, got {v}"))),
+                        Ok(v) => Err(crate::mcp::CallError::Decode(format!(
+                            "expected a tool error, got {v}"
+                        ))),
                         Err(e) => Err(e),
                     },
                 };
@@ -291,8 +310,13 @@ pub async fn open_loop(
     let t0 = Instant::now() + Duration::from_millis(20);
     let record_from = t0 + warmup;
     let hard_stop = t0 + warmup + measure + Duration::from_secs(15);
-    let send_args: Arc<Vec<Value>> =
-        Arc::new(agents.iter().enumerate().map(|(k, _)| json!({"to": agents[k ^ 1].name, "body": BODY})).collect());
+    let send_args: Arc<Vec<Value>> = Arc::new(
+        agents
+            .iter()
+            .enumerate()
+            .map(|(k, _)| json!({"to": agents[k ^ 1].name, "body": BODY}))
+            .collect(),
+    );
     let mut tasks = Vec::new();
     for (mut conn, target) in conns {
         let (agents, next, send_args) = (agents.clone(), next.clone(), send_args.clone());
@@ -309,9 +333,11 @@ pub async fn open_loop(
                 let k = ((n / 2) as usize) % agents.len();
                 let poll = n % 2 == 1;
                 let r = if poll {
-                    conn.call_tool("phone_inbox", json!({"limit": 10}), Some(&agents[k].token)).await
+                    conn.call_tool("phone_inbox", json!({"limit": 10}), Some(&agents[k].token))
+                        .await
                 } else {
-                    conn.call_tool("phone_send", send_args[k].clone(), Some(&agents[k].token)).await
+                    conn.call_tool("phone_send", send_args[k].clone(), Some(&agents[k].token))
+                        .await
                 };
                 let done = Instant::now();
                 let tool = if poll { "phone_inbox" } else { "phone_send" };
@@ -319,7 +345,11 @@ pub async fn open_loop(
                     Ok(_) => {
                         if due >= record_from {
                             let lat = done - due;
-                            if poll { out.inbox.record(lat) } else { out.send.record(lat) }
+                            if poll {
+                                out.inbox.record(lat)
+                            } else {
+                                out.send.record(lat)
+                            }
                             out.all.record(lat);
                             out.service.record(done - sent);
                             out.dispatch_lag.record(sent - due);
@@ -357,7 +387,11 @@ pub async fn open_loop(
     out.measured_secs = measure.as_secs_f64();
     let missing = total.saturating_sub(next.load(Ordering::Relaxed).min(total));
     if missing > 0 {
-        out.errors.add("schedule", "not_sent", &format!("{missing} scheduled requests never went out"));
+        out.errors.add(
+            "schedule",
+            "not_sent",
+            &format!("{missing} scheduled requests never went out"),
+        );
     }
     out
 }
@@ -376,24 +410,38 @@ pub struct SearchOutcome {
     pub empty: u64,
 }
 
-/// Closed loop over `queries` (round-robin) with `workers` connections.
-pub async fn search(target: &Target, queries: &[SearchQuery], workers: usize, duration: Duration) -> SearchOutcome {
+/// Closed loop over `queries` (round-robin) with `workers` connections, for
+/// `duration`, and on until at least `min_calls` were measured (slow
+/// queries), but never past `hard_stop`.
+pub async fn search(
+    target: &Target,
+    queries: &[SearchQuery],
+    workers: usize,
+    duration: Duration,
+    min_calls: usize,
+    hard_stop: Duration,
+) -> SearchOutcome {
     let queries = Arc::new(queries.to_vec());
-    let stop_at = Instant::now() + duration;
+    let start = Instant::now();
+    let (soft_stop, hard_stop) = (start + duration, start + hard_stop);
+    let done = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     for w in 0..workers {
-        let (target, queries) = (target.clone(), queries.clone());
+        let (target, queries, done) = (target.clone(), queries.clone(), done.clone());
         tasks.push(tokio::spawn(async move {
             let mut out = SearchOutcome::default();
-            let Some(mut conn) = open_until(&target, stop_at, &mut out.errors).await else {
+            let Some(mut conn) = open_until(&target, hard_stop, &mut out.errors).await else {
                 return out;
             };
-            // One unrecorded call per query warms the plan cache.
-            for q in queries.iter().skip(w).step_by(workers.max(1)) {
-                let _ = conn.call_tool("phone_search", args(q), None).await;
-            }
+            // One unrecorded call warms this connection's path.
+            let _ = conn
+                .call_tool("phone_search", args(&queries[w % queries.len()]), None)
+                .await;
             for i in 0..MAX_CALLS_PER_WORKER as usize {
-                if Instant::now() >= stop_at {
+                let now = Instant::now();
+                if now >= hard_stop
+                    || (now >= soft_stop && done.load(Ordering::Relaxed) >= min_calls as u64)
+                {
                     break;
                 }
                 let q = &queries[(i * workers + w) % queries.len()];
@@ -401,14 +449,18 @@ pub async fn search(target: &Target, queries: &[SearchQuery], workers: usize, du
                 match conn.call_tool("phone_search", args(q), None).await {
                     Ok(v) => {
                         out.lat.record(t.elapsed());
-                        let n = v.get("agents").and_then(Value::as_array).map_or(0, |a| a.len() as u64);
+                        done.fetch_add(1, Ordering::Relaxed);
+                        let n = v
+                            .get("agents")
+                            .and_then(Value::as_array)
+                            .map_or(0, |a| a.len() as u64);
                         out.results += n;
                         out.empty += u64::from(n == 0);
                     }
                     Err(e) => {
                         out.errors.add("phone_search", e.kind(), &e.to_string());
                         if e.needs_reconnect() {
-                            match open_until(&target, stop_at, &mut out.errors).await {
+                            match open_until(&target, hard_stop, &mut out.errors).await {
                                 Some(c) => conn = c,
                                 None => return out,
                             }

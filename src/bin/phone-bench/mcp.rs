@@ -24,7 +24,10 @@ pub struct Target {
 
 impl Target {
     pub fn local(port: u16) -> Self {
-        Self { addr: SocketAddr::from(([127, 0, 0, 1], port)), host: format!("127.0.0.1:{port}") }
+        Self {
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            host: format!("127.0.0.1:{port}"),
+        }
     }
 }
 
@@ -84,8 +87,9 @@ impl Conn {
     /// `notifications/initialized`), as a real client does.
     pub async fn open(target: &Target) -> Result<Self, CallError> {
         let connect = async {
-            let stream =
-                TcpStream::connect(target.addr).await.map_err(|e| CallError::Connect(e.to_string()))?;
+            let stream = TcpStream::connect(target.addr)
+                .await
+                .map_err(|e| CallError::Connect(e.to_string()))?;
             let _ = stream.set_nodelay(true);
             let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
                 .await
@@ -95,9 +99,15 @@ impl Conn {
             });
             Ok::<_, CallError>(sender)
         };
-        let sender = tokio::time::timeout(TIMEOUT, connect).await.map_err(|_| CallError::Timeout)??;
-        let mut conn =
-            Self { target: target.clone(), sender, protocol: PROTOCOL_VERSION.to_owned(), next_id: 1 };
+        let sender = tokio::time::timeout(TIMEOUT, connect)
+            .await
+            .map_err(|_| CallError::Timeout)??;
+        let mut conn = Self {
+            target: target.clone(),
+            sender,
+            protocol: PROTOCOL_VERSION.to_owned(),
+            next_id: 1,
+        };
         let init = conn
             .request(
                 "initialize",
@@ -128,7 +138,10 @@ impl Conn {
         version_header: bool,
     ) -> Result<(StatusCode, Bytes, bool), CallError> {
         let exchange = async {
-            self.sender.ready().await.map_err(|e| CallError::Transport(e.to_string()))?;
+            self.sender
+                .ready()
+                .await
+                .map_err(|e| CallError::Transport(e.to_string()))?;
             let mut req = Request::post("/mcp")
                 .header(header::HOST, &self.target.host)
                 .header(header::CONTENT_TYPE, "application/json")
@@ -142,8 +155,11 @@ impl Conn {
             let req = req
                 .body(Full::new(Bytes::from(body)))
                 .map_err(|e| CallError::Transport(e.to_string()))?;
-            let resp =
-                self.sender.send_request(req).await.map_err(|e| CallError::Transport(e.to_string()))?;
+            let resp = self
+                .sender
+                .send_request(req)
+                .await
+                .map_err(|e| CallError::Transport(e.to_string()))?;
             let status = resp.status();
             let sse = resp
                 .headers()
@@ -158,7 +174,9 @@ impl Conn {
                 .to_bytes();
             Ok((status, bytes, sse))
         };
-        tokio::time::timeout(TIMEOUT, exchange).await.map_err(|_| CallError::Timeout)?
+        tokio::time::timeout(TIMEOUT, exchange)
+            .await
+            .map_err(|_| CallError::Timeout)?
     }
 
     /// One JSON-RPC request; returns its `result`.
@@ -170,23 +188,34 @@ impl Conn {
     ) -> Result<Value, CallError> {
         let id = self.next_id;
         self.next_id += 1;
-        let body = serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
-            .expect("request serializes");
+        let body = serde_json::to_vec(
+            &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+        )
+        .expect("request serializes");
         let (status, bytes, sse) = self.post(body, token, method != "initialize").await?;
         if !status.is_success() {
             return Err(CallError::Http(status.as_u16(), snippet(&bytes)));
         }
-        let message = if sse { last_sse_message(&bytes)? } else { parse(&bytes)? };
+        let message = if sse {
+            last_sse_message(&bytes)?
+        } else {
+            parse(&bytes)?
+        };
         let Value::Object(mut message) = message else {
             return Err(CallError::Decode(snippet(&bytes)));
         };
         if let Some(err) = message.get("error") {
             return Err(CallError::JsonRpc(
                 err.get("code").and_then(Value::as_i64).unwrap_or(0),
-                err.get("message").and_then(Value::as_str).unwrap_or("").to_owned(),
+                err.get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned(),
             ));
         }
-        message.remove("result").ok_or_else(|| CallError::Decode(snippet(&bytes)))
+        message
+            .remove("result")
+            .ok_or_else(|| CallError::Decode(snippet(&bytes)))
     }
 
     /// `tools/call`; a result with `isError: true` is an error; otherwise
@@ -197,8 +226,13 @@ impl Conn {
         arguments: Value,
         token: Option<&str>,
     ) -> Result<Value, CallError> {
-        let mut result =
-            self.request("tools/call", json!({"name": name, "arguments": arguments}), token).await?;
+        let mut result = self
+            .request(
+                "tools/call",
+                json!({"name": name, "arguments": arguments}),
+                token,
+            )
+            .await?;
         if result.get("isError").and_then(Value::as_bool) == Some(true) {
             let text = result
                 .pointer("/content/0/text")
@@ -207,11 +241,15 @@ impl Conn {
                 .to_owned();
             return Err(CallError::Tool(text));
         }
-        Ok(result.get_mut("structuredContent").map(Value::take).unwrap_or(Value::Null))
+        Ok(result
+            .get_mut("structuredContent")
+            .map(Value::take)
+            .unwrap_or(Value::Null))
     }
 
     async fn notify(&mut self, method: &str) -> Result<(), CallError> {
-        let body = serde_json::to_vec(&json!({"jsonrpc": "2.0", "method": method})).expect("serializes");
+        let body =
+            serde_json::to_vec(&json!({"jsonrpc": "2.0", "method": method})).expect("serializes");
         let (status, bytes, _) = self.post(body, None, true).await?;
         if status.is_success() {
             Ok(())
@@ -223,18 +261,26 @@ impl Conn {
     /// A plain GET on this connection (for `/health`).
     pub async fn get(&mut self, path: &str) -> Result<StatusCode, CallError> {
         let exchange = async {
-            self.sender.ready().await.map_err(|e| CallError::Transport(e.to_string()))?;
+            self.sender
+                .ready()
+                .await
+                .map_err(|e| CallError::Transport(e.to_string()))?;
             let req = Request::get(path)
                 .header(header::HOST, &self.target.host)
                 .body(Full::new(Bytes::new()))
                 .map_err(|e| CallError::Transport(e.to_string()))?;
-            let resp =
-                self.sender.send_request(req).await.map_err(|e| CallError::Transport(e.to_string()))?;
+            let resp = self
+                .sender
+                .send_request(req)
+                .await
+                .map_err(|e| CallError::Transport(e.to_string()))?;
             let status = resp.status();
             let _ = resp.into_body().collect().await;
             Ok(status)
         };
-        tokio::time::timeout(TIMEOUT, exchange).await.map_err(|_| CallError::Timeout)?
+        tokio::time::timeout(TIMEOUT, exchange)
+            .await
+            .map_err(|_| CallError::Timeout)?
     }
 }
 
@@ -243,11 +289,18 @@ impl Conn {
 pub async fn health(target: &Target) -> bool {
     let attempt = async {
         let stream = TcpStream::connect(target.addr).await.ok()?;
-        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.ok()?;
+        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .ok()?;
         tokio::spawn(async move {
             let _ = connection.await;
         });
-        let mut conn = Conn { target: target.clone(), sender, protocol: PROTOCOL_VERSION.into(), next_id: 1 };
+        let mut conn = Conn {
+            target: target.clone(),
+            sender,
+            protocol: PROTOCOL_VERSION.into(),
+            next_id: 1,
+        };
         conn.get("/health").await.ok()
     };
     matches!(tokio::time::timeout(Duration::from_secs(2), attempt).await, Ok(Some(s)) if s.is_success())
@@ -271,5 +324,9 @@ fn last_sse_message(bytes: &[u8]) -> Result<Value, CallError> {
 fn snippet(bytes: &[u8]) -> String {
     let s = String::from_utf8_lossy(bytes);
     let s = s.trim();
-    if s.chars().count() > 160 { format!("{}…", s.chars().take(160).collect::<String>()) } else { s.to_owned() }
+    if s.chars().count() > 160 {
+        format!("{}…", s.chars().take(160).collect::<String>())
+    } else {
+        s.to_owned()
+    }
 }

@@ -88,7 +88,11 @@ impl Errors {
         if self.by_kind.is_empty() {
             return "0".into();
         }
-        let kinds: Vec<String> = self.by_kind.iter().map(|(k, v)| format!("{v} {k}")).collect();
+        let kinds: Vec<String> = self
+            .by_kind
+            .iter()
+            .map(|(k, v)| format!("{v} {k}"))
+            .collect();
         format!("{} ({})", self.total(), kinds.join(", "))
     }
 }
@@ -109,7 +113,10 @@ pub fn mem(pid: u32) -> Option<Mem> {
             .and_then(|rest| rest.split_whitespace().next())
             .and_then(|n| n.parse::<u64>().ok())
     };
-    Some(Mem { rss_kb: field("VmRSS:")?, hwm_kb: field("VmHWM:")? })
+    Some(Mem {
+        rss_kb: field("VmRSS:")?,
+        hwm_kb: field("VmHWM:")?,
+    })
 }
 
 /// (own utime+stime, reaped children's cutime+cstime) in clock ticks.
@@ -133,7 +140,11 @@ pub fn tree_ticks(root: u32) -> u64 {
     let mut total = proc_ticks(root).map_or(0, |(own, children)| own + children);
     if let Ok(dir) = std::fs::read_dir("/proc") {
         for entry in dir.flatten() {
-            let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
                 continue;
             };
             if ppid(pid) == Some(root) {
@@ -147,8 +158,14 @@ pub fn tree_ticks(root: u32) -> u64 {
 /// (busy, total) ticks of the whole machine, from /proc/stat.
 pub fn machine_ticks() -> (u64, u64) {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let Some(line) = stat.lines().next() else { return (0, 0) };
-    let v: Vec<u64> = line.split_whitespace().skip(1).filter_map(|s| s.parse().ok()).collect();
+    let Some(line) = stat.lines().next() else {
+        return (0, 0);
+    };
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|s| s.parse().ok())
+        .collect();
     if v.len() < 8 {
         return (0, 0);
     }
@@ -198,12 +215,21 @@ pub struct CpuProbe {
 impl CpuProbe {
     /// `loadgen`: the processes generating load (empty: this process).
     pub fn take(server_pids: &[u32], postmaster: u32, loadgen: &[u32]) -> Self {
-        let own = |pids: &[u32]| -> u64 { pids.iter().filter_map(|&p| proc_ticks(p)).map(|(own, _)| own).sum() };
+        let own = |pids: &[u32]| -> u64 {
+            pids.iter()
+                .filter_map(|&p| proc_ticks(p))
+                .map(|(own, _)| own)
+                .sum()
+        };
         Self {
             at: std::time::Instant::now(),
             server: own(server_pids),
             postgres: tree_ticks(postmaster),
-            loadgen: if loadgen.is_empty() { own(&[std::process::id()]) } else { own(loadgen) },
+            loadgen: if loadgen.is_empty() {
+                own(&[std::process::id()])
+            } else {
+                own(loadgen)
+            },
             machine: machine_ticks().0,
         }
     }

@@ -1,0 +1,389 @@
+//! The `analytics` schema: its views give the right numbers on a small
+//! history written through the real server, expose no bodies, subjects or
+//! tokens, reach their indexes, and the analyst role reads them and nothing
+//! else. The role's creation survives many databases migrating at once.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+use tokio_postgres::{Client, NoTls};
+
+/// Sets a message's times (the server stamps `now()`; the test needs known ones).
+async fn stamp(db: &Client, id: &str, sent_at: &str, read_at: Option<&str>) {
+    let id: i64 = id.trim_start_matches("msg_").parse().unwrap();
+    db.execute(
+        "UPDATE messages SET sent_at = $2::text::timestamptz, read_at = $3::text::timestamptz WHERE id = $1",
+        &[&id, &sent_at, &read_at],
+    )
+    .await
+    .unwrap();
+}
+
+async fn rows(db: &Client, sql: &str) -> Vec<Vec<String>> {
+    db.simple_query(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .into_iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(row) => Some(
+                (0..row.len())
+                    .map(|i| row.get(i).unwrap_or("NULL").to_owned())
+                    .collect(),
+            ),
+            _ => None,
+        })
+        .collect()
+}
+
+fn table(expected: &[&[&str]]) -> Vec<Vec<String>> {
+    expected
+        .iter()
+        .map(|row| row.iter().map(|c| c.to_string()).collect())
+        .collect()
+}
+
+#[tokio::test]
+async fn views_count_a_known_history() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "plans", "team").await;
+    let bob = register(&c, "bob", "codes", "team").await;
+    let carol = register(&c, "carol", "operates", "ops").await;
+    let send = |from: &Agent, args: serde_json::Value| {
+        let args = from.with(args);
+        let c = &c;
+        async move {
+            ok(c, "phone_send", args).await["id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        }
+    };
+    let m1 = send(
+        &alice,
+        json!({"to": "bob", "body": "secret one", "subject": "private subject"}),
+    )
+    .await;
+    let m2 = send(&alice, json!({"to": "bob", "body": "secret two"})).await;
+    let m3 = send(&bob, json!({"reply_to": m1, "body": "secret three"})).await;
+    let m4 = send(&carol, json!({"to": "bob", "body": "secret four"})).await;
+    let m5 = send(&alice, json!({"to": "carol", "body": "secret five"})).await;
+    let m6 = send(&carol, json!({"reply_to": m5, "body": "secret six"})).await;
+
+    let db = app.db().await;
+    stamp(
+        &db,
+        &m1,
+        "2026-11-02 10:00:00Z",
+        Some("2026-11-02 10:01:00Z"),
+    )
+    .await;
+    stamp(
+        &db,
+        &m2,
+        "2026-11-02 10:05:00Z",
+        Some("2026-11-02 10:08:00Z"),
+    )
+    .await;
+    stamp(
+        &db,
+        &m3,
+        "2026-11-02 10:02:00Z",
+        Some("2026-11-02 10:02:30Z"),
+    )
+    .await;
+    stamp(&db, &m4, "2026-11-03 09:00:00Z", None).await;
+    stamp(
+        &db,
+        &m5,
+        "2026-11-03 09:30:00Z",
+        Some("2026-11-03 09:31:00Z"),
+    )
+    .await;
+    stamp(&db, &m6, "2026-11-03 09:40:00Z", None).await;
+    let _ = bob;
+
+    assert_eq!(
+        rows(
+            &db,
+            "SELECT day, messages, new_threads, replies, active_senders, active_recipients
+                   FROM analytics.daily_messages ORDER BY day"
+        )
+        .await,
+        table(&[
+            &["2026-11-02", "3", "2", "1", "2", "2"],
+            &["2026-11-03", "3", "2", "1", "2", "3"]
+        ])
+    );
+    assert_eq!(
+        rows(
+            &db,
+            "SELECT day, project, sent, received, within_project
+                   FROM analytics.project_daily_messages ORDER BY day, project"
+        )
+        .await,
+        table(&[
+            &["2026-11-02", "team", "3", "3", "3"],
+            &["2026-11-03", "ops", "2", "1", "0"],
+            &["2026-11-03", "team", "1", "2", "0"],
+        ])
+    );
+    assert_eq!(
+        rows(
+            &db,
+            "SELECT agent, project, sent, replies_sent, received, read, unread,
+                          extract(epoch FROM median_time_to_read)::int, answered,
+                          extract(epoch FROM median_time_to_reply)::int
+                   FROM analytics.agent_activity ORDER BY agent"
+        )
+        .await,
+        table(&[
+            &["alice", "team", "3", "0", "2", "1", "1", "30", "0", "NULL"],
+            &["bob", "team", "1", "1", "3", "2", "1", "120", "1", "120"],
+            &["carol", "ops", "2", "1", "1", "1", "0", "60", "1", "600"],
+        ])
+    );
+    assert_eq!(
+        rows(
+            &db,
+            "SELECT thread, started_by, started_with, project, messages, replies, participants,
+                          extract(epoch FROM duration)::int, unread
+                   FROM analytics.reply_chains ORDER BY started_at"
+        )
+        .await,
+        table(&[
+            &[&m1, "alice", "bob", "team", "2", "1", "2", "120", "0"],
+            &[&m2, "alice", "bob", "team", "1", "0", "1", "0", "0"],
+            &[&m4, "carol", "bob", "ops", "1", "0", "1", "0", "1"],
+            &[&m5, "alice", "carol", "team", "2", "1", "2", "600", "1"],
+        ])
+    );
+    assert_eq!(
+        rows(
+            &db,
+            "SELECT replies, threads, percent FROM analytics.reply_chain_lengths"
+        )
+        .await,
+        table(&[&["0", "2", "50.0"], &["1", "2", "50.0"]])
+    );
+    assert_eq!(
+        rows(
+            &db,
+            "SELECT agent, unread, leased, oldest_unread_at AT TIME ZONE 'UTC'
+                   FROM analytics.unread_backlog ORDER BY agent"
+        )
+        .await,
+        table(&[
+            &["alice", "1", "0", "2026-11-03 09:40:00"],
+            &["bob", "1", "0", "2026-11-03 09:00:00"]
+        ])
+    );
+    assert_eq!(
+        rows(
+            &db,
+            "SELECT sender, recipient, messages FROM analytics.busiest_pairs"
+        )
+        .await,
+        table(&[
+            &["alice", "bob", "2"],
+            &["alice", "carol", "1"],
+            &["bob", "alice", "1"],
+            &["carol", "alice", "1"],
+            &["carol", "bob", "1"],
+        ])
+    );
+    assert_eq!(
+        rows(
+            &db,
+            &format!(
+            "SELECT sender, recipient, is_reply, extract(epoch FROM time_to_read)::int, body_bytes
+             FROM analytics.messages WHERE message = '{m3}'"
+        )
+        )
+        .await,
+        table(&[&["bob", "alice", "t", "30", "12"]])
+    );
+
+    // No view shows a body, a subject or a token, under any column name.
+    let leaked = rows(
+        &db,
+        "SELECT table_name, column_name FROM information_schema.columns
+         WHERE table_schema = 'analytics' AND (column_name ~ '(body|subject|token)' AND column_name <> 'body_bytes')",
+    )
+    .await;
+    assert_eq!(leaked, Vec::<Vec<String>>::new());
+    let all = rows(
+        &db,
+        "SELECT string_agg(t::text, ' ') FROM analytics.messages t",
+    )
+    .await;
+    assert!(
+        !all[0][0].contains("secret") && !all[0][0].contains("private"),
+        "{all:?}"
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn views_reach_their_indexes() {
+    let app = spawn_app().await;
+    let db = app.db().await;
+    db.batch_execute("SET enable_seqscan = off").await.unwrap();
+    let plan = |sql: &'static str| {
+        let db = &db;
+        async move {
+            rows(db, &format!("EXPLAIN {sql}"))
+                .await
+                .concat()
+                .join("\n")
+        }
+    };
+    // A date range on the daily views is an index range scan.
+    for sql in [
+        "SELECT * FROM analytics.daily_messages WHERE day >= DATE '2026-11-01'",
+        "SELECT * FROM analytics.project_daily_messages WHERE day BETWEEN DATE '2026-11-01' AND DATE '2026-11-07'",
+        "SELECT * FROM analytics.messages WHERE day = DATE '2026-11-02'",
+    ] {
+        let p = plan(sql).await;
+        assert!(
+            p.contains("messages_day_idx") && p.contains("Index Cond"),
+            "{sql}:\n{p}"
+        );
+    }
+    // The busiest pairs come from the pair index, in its order.
+    let p = plan("SELECT * FROM analytics.busiest_pairs LIMIT 10").await;
+    assert!(p.contains("messages_pair_idx"), "{p}");
+    // One agent's activity is index lookups, not a pass over the history.
+    let p = plan("SELECT * FROM analytics.agent_activity WHERE agent = 'alice'").await;
+    assert!(!p.contains("Seq Scan on messages"), "{p}");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_analyst_role_reads_analytics_and_nothing_else() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "plans", "team").await;
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "alice", "body": "note to self"})),
+    )
+    .await;
+    let db = app.db().await;
+
+    let role = rows(&db, "SELECT rolcanlogin, rolsuper, rolcreaterole, rolpassword IS NULL FROM pg_authid WHERE rolname = 'phone_analyst'").await;
+    assert_eq!(
+        role,
+        table(&[&["f", "f", "f", "t"]]),
+        "NOLOGIN, no password, no powers"
+    );
+
+    db.batch_execute("SET ROLE phone_analyst").await.unwrap();
+    for view in [
+        "messages",
+        "daily_messages",
+        "project_daily_messages",
+        "agent_activity",
+        "reply_chains",
+        "reply_chain_lengths",
+        "unread_backlog",
+        "busiest_pairs",
+    ] {
+        rows(&db, &format!("SELECT count(*) FROM analytics.{view}")).await;
+    }
+    for sql in [
+        "SELECT * FROM public.messages",
+        "SELECT * FROM public.agents",
+        "SELECT token_hash FROM agents",
+        "CREATE VIEW analytics.mine AS SELECT 1",
+        "CREATE TABLE public.mine (x int)",
+    ] {
+        let err = db.simple_query(sql).await.expect_err(sql);
+        let code = err.code().map(|c| c.code().to_owned());
+        // 42501: insufficient privilege (55000/0A000 would mean it got further).
+        assert_eq!(code.as_deref(), Some("42501"), "{sql}: {err}");
+    }
+    db.batch_execute("RESET ROLE").await.unwrap();
+    // Read, never write (the views are not updatable anyway).
+    let privileges = rows(
+        &db,
+        "SELECT bool_and(has_table_privilege('phone_analyst', c.oid, 'SELECT')),
+                bool_or(has_table_privilege('phone_analyst', c.oid, 'INSERT, UPDATE, DELETE, TRUNCATE')),
+                bool_or(has_table_privilege('phone_analyst', p.oid, 'SELECT'))
+         FROM pg_class c, pg_class p
+         WHERE c.relnamespace = 'analytics'::regnamespace AND p.relnamespace = 'public'::regnamespace",
+    )
+    .await;
+    assert_eq!(privileges, table(&[&["t", "f", "f"]]));
+    app.stop().await;
+}
+
+/// The migration's role block, run by two databases at once: the second
+/// waits for the first's uncommitted role, then must not fail.
+#[tokio::test]
+async fn creating_the_role_is_safe_under_concurrent_migrations() {
+    let migration = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/migrations/V4__analytics.sql"
+    ))
+    .unwrap();
+    let start = migration
+        .find("DO $$\nBEGIN\n    CREATE ROLE")
+        .expect("the role block");
+    let end = start + migration[start..].find("$$;").unwrap() + 3;
+    let role = format!("phone_analyst_t{:08x}", rand::random::<u32>());
+    let block = migration[start..end].replace("phone_analyst", &role);
+
+    let connect = || async {
+        let (client, connection) = tokio_postgres::connect(&admin_url(), NoTls).await.unwrap();
+        tokio::spawn(connection);
+        client
+    };
+    let (first, second) = (connect().await, connect().await);
+    first.batch_execute("BEGIN").await.unwrap();
+    first.batch_execute(&block).await.unwrap();
+    second.batch_execute("BEGIN").await.unwrap();
+    let racing = tokio::spawn(async move {
+        let outcome = second.batch_execute(&block).await;
+        (second, outcome)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !racing.is_finished(),
+        "the second creation waits for the first"
+    );
+    first.batch_execute("COMMIT").await.unwrap();
+    let (second, outcome) = racing.await.unwrap();
+    outcome.expect("the second database's migration goes on");
+    second.batch_execute("COMMIT").await.unwrap();
+
+    // And once it exists, running the block again is a no-op.
+    first
+        .batch_execute(&migration[start..end].replace("phone_analyst", &role))
+        .await
+        .unwrap();
+    assert_eq!(
+        rows(
+            &first,
+            &format!("SELECT count(*) FROM pg_roles WHERE rolname = '{role}'")
+        )
+        .await,
+        table(&[&["1"]])
+    );
+    first
+        .batch_execute(&format!("DROP ROLE {role}"))
+        .await
+        .unwrap();
+
+    // Several fresh databases migrating together all succeed.
+    let urls: Vec<String> = futures_util::future::join_all((0..4).map(|_| fresh_database())).await;
+    let migrated =
+        futures_util::future::join_all(urls.iter().map(|u| phone::store::migrate(u))).await;
+    for outcome in migrated {
+        outcome.expect("migrates");
+    }
+}
