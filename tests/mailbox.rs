@@ -474,13 +474,7 @@ async fn idempotent_send_replays_instead_of_duplicating() {
     )
     .await;
     assert_eq!(from_bob["replayed"], false);
-    let count: i64 = app
-        .db()
-        .await
-        .query_one("SELECT count(*) FROM messages", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let count = app.count("SELECT count(*) FROM messages").await;
     assert_eq!(count, 2);
     app.stop().await;
 }
@@ -511,13 +505,7 @@ async fn concurrent_sends_with_one_idempotency_key_store_one_message() {
     }
     assert_eq!(ids.len(), 1, "every caller sees the same message");
     assert_eq!(fresh, 1, "exactly one call sent it");
-    let count: i64 = app
-        .db()
-        .await
-        .query_one("SELECT count(*) FROM messages", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let count = app.count("SELECT count(*) FROM messages").await;
     assert_eq!(count, 1);
     app.stop().await;
 }

@@ -140,13 +140,7 @@ async fn registrations_are_limited_per_address() {
     )
     .await;
     assert_eq!(updated["created"], false);
-    let count: i64 = app
-        .db()
-        .await
-        .query_one("SELECT count(*) FROM agents", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let count = app.count("SELECT count(*) FROM agents").await;
     assert_eq!(count, 2);
     app.stop().await;
 }

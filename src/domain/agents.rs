@@ -294,10 +294,7 @@ impl Phone {
                 }
             }
             Some(token) => {
-                self.check_block(
-                    &limits::auth_bucket_for_address(client_address),
-                    AUTH_FAILURES,
-                )?;
+                self.check_address_block(client_address)?;
                 let client = self.pool().get().await?;
                 let stmt = client
                     .prepare_cached(
@@ -359,10 +356,7 @@ impl Phone {
             creds.claimed.as_ref(),
             creds.client_address.as_str(),
         );
-        self.check_block(
-            &limits::auth_bucket_for_address(client_address),
-            AUTH_FAILURES,
-        )?;
+        self.check_address_block(client_address)?;
         let client = self.pool().get().await?;
         let stmt = client
             .prepare_cached(

@@ -15,7 +15,10 @@ use std::{
 
 use chrono::{DateTime, Utc};
 
-use super::{Phone, PhoneError, agents::timestamp};
+use super::{
+    Phone, PhoneError,
+    agents::{AUTH_FAILURES, timestamp},
+};
 
 pub const AUTH_WINDOW: Duration = Duration::from_secs(300);
 pub const REGISTER_WINDOW: Duration = Duration::from_secs(3600);
@@ -78,6 +81,12 @@ impl Phone {
             Some(retry_at) => Err(PhoneError::RateLimited { what, retry_at }),
             None => Ok(()),
         }
+    }
+
+    /// Refuses at once when this replica knows the caller's address is
+    /// blocked for failed authentication.
+    pub(crate) fn check_address_block(&self, client_address: &str) -> Result<(), PhoneError> {
+        self.check_block(&auth_bucket_for_address(client_address), AUTH_FAILURES)
     }
 
     /// Counts one event in `bucket`; over `limit` in the window, blocks it.

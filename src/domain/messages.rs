@@ -7,9 +7,7 @@ use base64::Engine as _;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use super::agents::AUTH_FAILURES;
 use super::agents::timestamp;
-use super::limits;
 use super::types::{self, AgentName, IdempotencyKey, InvalidInput, MessageId};
 use super::wakeup::CHANNEL;
 use super::{CALLER_CTE, Caller, Credentials, Phone, PhoneError};
@@ -282,10 +280,7 @@ const FALLBACK_RECHECK: Duration = Duration::from_secs(2);
 
 impl Phone {
     pub async fn send(&self, creds: &Credentials, req: SendRequest) -> Result<Sent, PhoneError> {
-        self.check_block(
-            &limits::auth_bucket_for_address(&creds.client_address),
-            AUTH_FAILURES,
-        )?;
+        self.check_address_block(&creds.client_address)?;
         let client = self.pool().get().await?;
         let claimed = creds.claimed.as_ref().map(AgentName::as_str);
 
@@ -445,10 +440,7 @@ impl Phone {
     /// Polls once; with `wait`, and nothing to return, waits for mail to
     /// arrive (a notification from any replica) or for the time to run out.
     pub async fn inbox(&self, creds: &Credentials, req: InboxRequest) -> Result<Inbox, PhoneError> {
-        self.check_block(
-            &limits::auth_bucket_for_address(&creds.client_address),
-            AUTH_FAILURES,
-        )?;
+        self.check_address_block(&creds.client_address)?;
         let (me_id, first) = match self
             .poll(creds, req)
             .await

@@ -148,6 +148,11 @@ impl TestApp {
         client
     }
 
+    /// The single number a query such as `SELECT count(*) …` returns.
+    pub async fn count(&self, sql: &str) -> i64 {
+        self.db().await.query_one(sql, &[]).await.unwrap_or_else(|e| panic!("{sql}: {e}")).get(0)
+    }
+
     pub async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
