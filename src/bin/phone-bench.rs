@@ -145,7 +145,7 @@ fn parse_args() -> Result<Opts, String> {
             "--pg-dir" => o.pg_dir = PathBuf::from(value()?),
             "--pg-bin" => o.pg_bin = PathBuf::from(value()?),
             "--out" => o.out = PathBuf::from(value()?),
-            "--command" => o.command = value()?,
+            "--command" => o.command = value()?.trim().to_owned(),
             "--pool-size" => {
                 o.pool_size = value()?.parse().map_err(|e| format!("--pool-size: {e}"))?
             }
@@ -695,6 +695,9 @@ async fn mix_phase(
     let names: Vec<String> = (0..c).map(|i| format!("mix-r{r}-c{c}-{i:03}")).collect();
     let agents = load::register(&tg[0], &names, "bench").await?;
     let base = db::consecutive_ids(bench_db, &names).await?;
+    // Up-to-date statistics for the server and for pgbench alike, rather
+    // than an autovacuum ANALYZE landing in the middle of one of them.
+    db::each(bench_db, &["ANALYZE"]).await?;
     let server_pids = pids(replicas);
 
     // CPU and database counters are read inside the measured window, while
@@ -1020,6 +1023,10 @@ async fn growth_phase(
     let tg = targets(&replicas);
     let gdb = db::connect(&pg_url(opts, DB_GROWTH)).await?;
     let base = db::seed_mailbox_agents(&gdb, GROWTH_AGENTS).await?;
+    // Fresh statistics before the first measurement: an autovacuum ANALYZE
+    // of agents landing between the two measurements would change the
+    // poll's plan (its joins to agents) and confound the comparison.
+    db::each(&gdb, &["ANALYZE agents"]).await?;
     let agents: Vec<Agent> = (1..=GROWTH_MEASURED as i64)
         .map(|g| Agent {
             name: format!("g-{g}"),
