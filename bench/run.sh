@@ -52,5 +52,6 @@ trap 'scripts/pg.sh stop "$dir"' EXIT
 # Bounded: phone-bench keeps to its own time budget; this is the backstop.
 limit=900
 for a in "$@"; do [ "$a" = --quick ] && limit=300; done
-timeout --signal=TERM --kill-after=20 "$limit" \
+# --foreground keeps Ctrl-C working; phone-bench stops its replicas on TERM.
+timeout --foreground --signal=TERM --kill-after=20 "$limit" \
     ./target/release/phone-bench run --pg-port "$port" --pg-dir "$dir" --command "$command" "$@"

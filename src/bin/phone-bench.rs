@@ -111,7 +111,20 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    match rt.block_on(run(opts)) {
+    // On SIGTERM (bench/run.sh's timeout) or Ctrl-C the run future is
+    // dropped, and with it the replicas and pgbench (kill_on_drop).
+    let outcome = rt.block_on(async {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(e) => return Err(format!("signal handler: {e}")),
+        };
+        tokio::select! {
+            r = run(opts) => r,
+            _ = term.recv() => Err("terminated (SIGTERM): replicas stopped, no report written".into()),
+            _ = tokio::signal::ctrl_c() => Err("interrupted: replicas stopped, no report written".into()),
+        }
+    });
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("phone-bench: {e}");

@@ -73,7 +73,7 @@ impl StoreError {
 /// The connection pool. Derefs to deadpool's pool (status, close, …);
 /// `get` hands out a [`Client`] whose statements are traced and timed.
 #[derive(Clone)]
-pub struct Pool(deadpool_postgres::Pool);
+pub struct Pool(deadpool_postgres::Pool, Duration);
 
 impl Pool {
     /// A pooled connection; waits at most the pool timeout.
@@ -81,7 +81,11 @@ impl Pool {
         let started = Instant::now();
         let client = self.0.get().await;
         crate::metrics::pool_wait(started.elapsed());
-        Ok(Client(client?))
+        Ok(Client {
+            object: Some(client?),
+            deadline: self.1,
+            stalled: Default::default(),
+        })
     }
 }
 
@@ -97,18 +101,39 @@ impl Deref for Pool {
 /// table and the parameterised SQL text, never the parameters) and is timed
 /// for `db.client.operation.duration`. Anything else derefs to the
 /// underlying client. Both cost nothing while telemetry export is off.
-pub struct Client(deadpool_postgres::Object);
+///
+/// Each statement also has a client-side deadline (a little over the
+/// server's `statement_timeout`): a database or network that stalls without
+/// closing anything cannot hold a request until its HTTP timeout. A
+/// connection whose statement missed the deadline is in an unknown state, so
+/// it is closed instead of going back to the pool.
+pub struct Client {
+    object: Option<deadpool_postgres::Object>,
+    deadline: Duration,
+    stalled: std::sync::atomic::AtomicBool,
+}
 
 impl Deref for Client {
     type Target = deadpool_postgres::Object;
     fn deref(&self) -> &Self::Target {
-        &self.0
+        self.object.as_ref().expect("present until drop")
     }
 }
 
 impl DerefMut for Client {
     fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.0
+        self.object.as_mut().expect("present until drop")
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        if *self.stalled.get_mut()
+            && let Some(object) = self.object.take()
+        {
+            // Detached from the pool; dropping it closes the connection.
+            drop(deadpool_postgres::Object::take(object));
+        }
     }
 }
 
@@ -193,18 +218,28 @@ macro_rules! traced {
         let started = crate::metrics::enabled().then(Instant::now);
         let outcome = {
             use tracing::Instrument as _;
-            let client: &tokio_postgres::Client = &$self.0;
+            let client: &tokio_postgres::Client = &$self;
             let call = async {
                 match $stmt.statement() {
                     StatementRef::Prepared(s) => client.$call(s, $params).await,
                     StatementRef::Text(s) => client.$call(s, $params).await,
                 }
             };
-            call.instrument(span.clone()).await
+            match tokio::time::timeout($self.deadline, call.instrument(span.clone())).await {
+                Ok(outcome) => outcome.map_err(StoreError::from),
+                Err(_) => {
+                    $self.stalled.store(true, std::sync::atomic::Ordering::Relaxed);
+                    Err(StoreError::Unavailable("the database did not answer in time".into()))
+                }
+            }
         };
         if let Err(e) = &outcome {
             span.record("otel.status_code", "error");
-            span.record("error.type", e.code().map_or("connection", |c| c.code()));
+            let kind = match e {
+                StoreError::Query(e) => e.code().map_or("connection", |c| c.code()),
+                _ => "timeout",
+            };
+            span.record("error.type", kind);
         }
         if let Some(started) = started {
             let (operation, collection) = summarize($stmt.text().unwrap_or(""));
@@ -216,8 +251,14 @@ macro_rules! traced {
 
 impl Client {
     /// Prepares through deadpool's per-connection statement cache.
-    pub async fn prepare_cached(&self, sql: &str) -> Result<Prepared, tokio_postgres::Error> {
-        let statement = self.0.prepare_cached(sql).await?;
+    pub async fn prepare_cached(&self, sql: &str) -> Result<Prepared, StoreError> {
+        let statement = match tokio::time::timeout(self.deadline, (**self).prepare_cached(sql)).await {
+            Ok(prepared) => prepared?,
+            Err(_) => {
+                self.stalled.store(true, std::sync::atomic::Ordering::Relaxed);
+                return Err(StoreError::Unavailable("the database did not answer in time".into()));
+            }
+        };
         let sql = (db_spans_enabled() || crate::metrics::enabled()).then(|| sql.into());
         Ok(Prepared { statement, sql })
     }
@@ -226,7 +267,7 @@ impl Client {
         &self,
         stmt: &T,
         params: Params<'_>,
-    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+    ) -> Result<Vec<Row>, StoreError> {
         traced!(self, stmt, query, params)
     }
 
@@ -234,7 +275,7 @@ impl Client {
         &self,
         stmt: &T,
         params: Params<'_>,
-    ) -> Result<Row, tokio_postgres::Error> {
+    ) -> Result<Row, StoreError> {
         traced!(self, stmt, query_one, params)
     }
 
@@ -242,7 +283,7 @@ impl Client {
         &self,
         stmt: &T,
         params: Params<'_>,
-    ) -> Result<Option<Row>, tokio_postgres::Error> {
+    ) -> Result<Option<Row>, StoreError> {
         traced!(self, stmt, query_opt, params)
     }
 
@@ -250,7 +291,7 @@ impl Client {
         &self,
         stmt: &T,
         params: Params<'_>,
-    ) -> Result<u64, tokio_postgres::Error> {
+    ) -> Result<u64, StoreError> {
         traced!(self, stmt, execute, params)
     }
 }
@@ -378,7 +419,9 @@ pub fn connect_pool(config: &Config) -> Result<Pool, StoreError> {
             recycle: Some(config.pool_timeout),
         })
         .build()
-        .map(Pool)
+        // The server cancels a statement at statement_timeout; a second more
+        // and the database, or the path to it, is not answering at all.
+        .map(|pool| Pool(pool, config.statement_timeout + Duration::from_secs(1)))
         .map_err(|e| StoreError::Config(e.to_string()))
 }
 
@@ -411,8 +454,13 @@ pub async fn migrate(database_url: &str) -> Result<(), StoreError> {
 /// True when a pooled connection answers a trivial query.
 pub async fn ping(pool: &Pool) -> Result<(), StoreError> {
     let client = pool.get().await?;
-    client.simple_query("SELECT 1").await?;
-    Ok(())
+    match tokio::time::timeout(Duration::from_secs(1), client.simple_query("SELECT 1")).await {
+        Ok(answer) => answer.map(drop).map_err(StoreError::from),
+        Err(_) => {
+            client.stalled.store(true, std::sync::atomic::Ordering::Relaxed);
+            Err(StoreError::Unavailable("the database did not answer in time".into()))
+        }
+    }
 }
 
 #[cfg(test)]
