@@ -59,6 +59,9 @@ pub const SEARCH_QUERY_MAX: usize = 200;
 /// Deep pages are refused rather than served slowly; refine the query instead.
 const SEARCH_OFFSET_MAX: i64 = 10_000;
 const SEARCH_WORDS_MAX: usize = 16;
+/// How many matches per tier are ranked; beyond that, a common word returns
+/// a good page rather than a perfectly ranked one, in bounded time.
+const SEARCH_CANDIDATES: i64 = 1000;
 
 #[derive(Debug, Clone)]
 pub struct SearchRequest {
@@ -426,19 +429,37 @@ impl Phone {
                 let exact_name = query.trim().to_ascii_lowercase();
                 let stmt = client
                     .prepare_cached(
+                        // Ranking every match of a common word costs time in
+                        // proportion to the directory, so only a bounded set of
+                        // candidates is ranked: the exact name, up to $8 agents
+                        // matching all the words, and up to $8 matching any.
                         "WITH q AS (SELECT to_tsquery('english', $1) AS any_word,
                                            to_tsquery('english', $2) AS all_words,
-                                           to_tsquery('english', $7) AS any_whole_word)
-                         SELECT name, description, project, registered_at, last_seen_at
-                         FROM agents, q
-                         WHERE (search @@ q.any_word OR name = $3)
-                           AND unregistered_at IS NULL
-                           AND ($4::text IS NULL OR lower(project) = lower($4))
-                         ORDER BY name = $3 DESC,
-                                  search @@ q.all_words DESC,
-                                  ts_rank(search, q.any_whole_word) DESC,
-                                  ts_rank(search, q.any_word) DESC,
-                                  name
+                                           to_tsquery('english', $7) AS any_whole_word),
+                              exact AS (
+                                  SELECT id FROM agents
+                                  WHERE name = $3 AND unregistered_at IS NULL
+                                    AND ($4::text IS NULL OR lower(project) = lower($4))),
+                              every_word AS (
+                                  SELECT id FROM agents, q
+                                  WHERE search @@ q.all_words AND unregistered_at IS NULL
+                                    AND ($4::text IS NULL OR lower(project) = lower($4))
+                                  LIMIT $8),
+                              some_word AS (
+                                  SELECT id FROM agents, q
+                                  WHERE search @@ q.any_word AND unregistered_at IS NULL
+                                    AND ($4::text IS NULL OR lower(project) = lower($4))
+                                  LIMIT $8),
+                              candidates AS (
+                                  SELECT id FROM exact UNION SELECT id FROM every_word
+                                  UNION SELECT id FROM some_word)
+                         SELECT a.name, a.description, a.project, a.registered_at, a.last_seen_at
+                         FROM candidates c JOIN agents a ON a.id = c.id, q
+                         ORDER BY a.name = $3 DESC,
+                                  a.search @@ q.all_words DESC,
+                                  ts_rank(a.search, q.any_whole_word) DESC,
+                                  ts_rank(a.search, q.any_word) DESC,
+                                  a.name
                          LIMIT $5 OFFSET $6",
                     )
                     .await?;
@@ -453,6 +474,7 @@ impl Phone {
                             &fetch,
                             &req.offset,
                             &q.any_whole,
+                            &SEARCH_CANDIDATES,
                         ],
                     )
                     .await?
