@@ -105,8 +105,9 @@ SELECT a.id, a.name, a.project, ro.role,
        row_number() OVER (ORDER BY a.id) AS idx,
        CASE WHEN ro.role IN ('coordinator', 'service') THEN 3.0 ELSE 1.0 END
            / power(row_number() OVER (ORDER BY random()), 0.7)              AS weight,
-       ln(CASE ro.role WHEN 'service' THEN 20 WHEN 'deployer' THEN 600 WHEN 'summarizer' THEN 1800
-                       ELSE 30 + random() * 240 END)                          AS read_mu,
+       ln(CASE WHEN a.name = 'calendar' THEN 12 WHEN a.name = 'email' THEN 75 WHEN ro.role = 'service' THEN 25
+               WHEN ro.role = 'deployer' THEN 600 WHEN ro.role = 'summarizer' THEN 1800
+               ELSE 30 + random() * 240 END)                                  AS read_mu,
        NULL::timestamptz AS offline_since,
        NULL::timestamptz AS unregistered
 FROM agents a JOIN roster ro USING (name);

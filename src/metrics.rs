@@ -261,10 +261,8 @@ pub fn tool_call(
     }
     let out = result.structured_content.as_ref();
     match tool {
-        tools::SEND => {
-            if out.and_then(|o| o.get("replayed")).and_then(Value::as_bool) == Some(false) {
-                m.messages_sent.add(1, &[]);
-            }
+        tools::SEND if out.and_then(|o| o.get("replayed")).and_then(Value::as_bool) == Some(false) => {
+            m.messages_sent.add(1, &[]);
         }
         tools::INBOX => {
             let arg = |k: &str| request.arguments.as_ref().and_then(|a| a.get(k));

@@ -507,7 +507,8 @@ async fn export_scenario() {
     }
 
     // ---- metrics
-    let checks: &[(&str, &[(&str, &str)], f64)] = &[
+    type Check<'a> = (&'a str, &'a [(&'a str, &'a str)], f64);
+    let checks: &[Check] = &[
         (
             "phone.tool.calls",
             &[("tool", "phone_send"), ("outcome", "ok")],

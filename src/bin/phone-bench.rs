@@ -421,6 +421,7 @@ struct MemRow {
 
 #[derive(Default)]
 struct Report {
+    revision: String,
     notes: Vec<String>,
     fsync: Option<f64>,
     mix: Vec<MixRow>,
@@ -445,6 +446,9 @@ async fn run(opts: Opts) -> Result<(), String> {
     let hz = stats::clock_ticks_per_sec();
     let started_at = chrono::Utc::now();
     let loadavg_start = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    // The binaries were just built from the working tree: name it now, not
+    // at the end, when other commits may have landed.
+    let revision = git_revision();
     std::fs::create_dir_all("data/bench").map_err(|e| e.to_string())?;
 
     let admin = db::connect(&pg_url(&opts, "postgres")).await?;
@@ -453,6 +457,8 @@ async fn run(opts: Opts) -> Result<(), String> {
     // of this private cluster only.
     for sql in [
         "ALTER SYSTEM SET max_wal_size = '8GB'",
+        // Planning time per statement (pg_stat_statements), when loaded.
+        "ALTER SYSTEM SET pg_stat_statements.track_planning = on",
         "SELECT pg_reload_conf()",
     ] {
         admin
@@ -461,7 +467,7 @@ async fn run(opts: Opts) -> Result<(), String> {
             .map_err(|e| format!("configure cluster: {}", db::pg_err(&e)))?;
     }
     let settings = format!(
-        "synchronous_commit={}, fsync={}, wal_sync_method={}, shared_buffers={}, max_wal_size=8GB (set by the bench), max_connections={}",
+        "synchronous_commit={}, fsync={}, wal_sync_method={}, shared_buffers={}, max_wal_size=8GB and pg_stat_statements.track_planning=on (set by the bench), max_connections={}",
         db::show(&admin, "synchronous_commit").await,
         db::show(&admin, "fsync").await,
         db::show(&admin, "wal_sync_method").await,
@@ -484,7 +490,10 @@ async fn run(opts: Opts) -> Result<(), String> {
         mode.name
     );
 
-    let mut report = Report::default();
+    let mut report = Report {
+        revision,
+        ..Report::default()
+    };
 
     if wants("fsync") {
         match db::fdatasync_rate(&opts.pg_bin, &opts.pg_dir.with_extension("fsync-test")).await {
@@ -1301,9 +1310,7 @@ fn render(
     let _ = writeln!(
         w,
         "- Server: release build, revision {}, PHONE_POOL_SIZE={} per replica, RUST_LOG=warn, PHONE_REGISTER_LIMIT=0 (all bench agents register from 127.0.0.1); replicas on 127.0.0.1:{}+",
-        git_revision(),
-        opts.pool_size,
-        opts.base_port
+        r.revision, opts.pool_size, opts.base_port
     );
     let _ = writeln!(
         w,
@@ -1563,7 +1570,7 @@ fn render(
             let pg_stmts: i64 = m.pgbench_statements.iter().map(|x| x.calls).sum();
             let _ = writeln!(
                 w,
-                "\nStatements the database executed (pg_stat_statements), 1 replica, c={}: the server ran **{:.2} statements per tool call**, {:.0} µs of execution per send+poll pair; pgbench ran 2 per pair, {:.0} µs per pair. Execution time excludes parse/bind, network and commit waits.\n",
+                "\nStatements the database executed (pg_stat_statements), 1 replica, c={}: the server ran **{:.2} statements per tool call**, {:.0} µs of execution per send+poll pair; pgbench ran 2 per pair, {:.0} µs per pair. Execution time excludes planning, parse/bind, network and commit waits; `planned per execution` near 1 means the prepared statement is re-planned on every call (custom plans).\n",
                 m.concurrency,
                 server_stmts as f64 / calls,
                 server_ms * 1000.0 / (calls / 2.0),
@@ -1571,17 +1578,19 @@ fn render(
             );
             let _ = writeln!(
                 w,
-                "| by | kind | statement | per tool call | mean µs | rows/call | blocks/call | share of exec time |"
+                "| by | kind | statement | per tool call | mean exec µs | planned per execution | mean plan µs | rows/call | blocks/call | share of exec time |"
             );
-            let _ = writeln!(w, "|---|---|---|---|---|---|---|---|");
+            let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|");
             for x in m.statements.iter().take(6) {
                 let _ = writeln!(
                     w,
-                    "| server | {} | `{}` | {:.2} | {:.0} | {:.2} | {:.1} | {:.0}% |",
+                    "| server | {} | `{}` | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.1} | {:.0}% |",
                     x.kind(),
                     excerpt(&x.query, x.kind()),
                     x.calls as f64 / calls,
                     x.total_ms * 1000.0 / x.calls as f64,
+                    x.plans as f64 / x.calls as f64,
+                    x.plan_ms * 1000.0 / x.plans.max(1) as f64,
                     x.rows as f64 / x.calls as f64,
                     x.blocks as f64 / x.calls as f64,
                     100.0 * x.total_ms / server_ms.max(1e-9)
@@ -1600,11 +1609,15 @@ fn render(
                 let ms: f64 = xs.iter().map(|x| x.total_ms).sum();
                 let rows: i64 = xs.iter().map(|x| x.rows).sum();
                 let blocks: i64 = xs.iter().map(|x| x.blocks).sum();
+                let plans: i64 = xs.iter().map(|x| x.plans).sum();
+                let plan_ms: f64 = xs.iter().map(|x| x.plan_ms).sum();
                 let _ = writeln!(
                     w,
-                    "| pgbench | {kind} | `{}` | — | {:.0} | {:.2} | {:.1} | {:.0}% |",
+                    "| pgbench | {kind} | `{}` | — | {:.0} | {:.2} | {:.0} | {:.2} | {:.1} | {:.0}% |",
                     excerpt(&first.query, kind),
                     ms * 1000.0 / calls as f64,
+                    plans as f64 / calls as f64,
+                    plan_ms * 1000.0 / plans.max(1) as f64,
                     rows as f64 / calls as f64,
                     blocks as f64 / calls as f64,
                     100.0 * ms / pg_ms.max(1e-9)

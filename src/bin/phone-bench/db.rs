@@ -478,6 +478,10 @@ pub struct StmtStat {
     pub rows: i64,
     /// Shared buffers hit + read: pages touched, whatever the CPU contention.
     pub blocks: i64,
+    /// Times planned (≈ calls when a prepared statement is re-planned on
+    /// every execution) and planning time, with track_planning on.
+    pub plans: i64,
+    pub plan_ms: f64,
 }
 
 impl StmtStat {
@@ -515,7 +519,7 @@ pub async fn statements(admin: &Client, database: &str) -> Result<Vec<StmtStat>,
     let rows = admin
         .query(
             "SELECT regexp_replace(query, '\\s+', ' ', 'g'), calls, total_exec_time, rows,
-                    shared_blks_hit + shared_blks_read
+                    shared_blks_hit + shared_blks_read, plans, total_plan_time
              FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
              WHERE d.datname = $1 AND calls > 0
              ORDER BY total_exec_time DESC",
@@ -531,6 +535,8 @@ pub async fn statements(admin: &Client, database: &str) -> Result<Vec<StmtStat>,
             total_ms: r.get(2),
             rows: r.get(3),
             blocks: r.get(4),
+            plans: r.get(5),
+            plan_ms: r.get(6),
         })
         .collect())
 }
@@ -706,14 +712,13 @@ pub async fn fdatasync_rate(bin: &Path, file: &Path) -> Result<f64, String> {
     let found = tokio::time::timeout(Duration::from_secs(30), async {
         while let Ok(Some(line)) = lines.next_line().await {
             let t = line.trim();
-            if let Some(rest) = t.strip_prefix("fdatasync") {
-                if let Some(n) = rest
+            if let Some(rest) = t.strip_prefix("fdatasync")
+                && let Some(n) = rest
                     .split_whitespace()
                     .next()
                     .and_then(|n| n.parse::<f64>().ok())
-                {
-                    return Some(n);
-                }
+            {
+                return Some(n);
             }
         }
         None

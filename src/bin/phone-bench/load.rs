@@ -104,7 +104,7 @@ pub async fn mix(
     warmup: Duration,
     measure: Duration,
 ) -> MixOutcome {
-    assert!(agents.len() % 2 == 0, "agents come in pairs");
+    assert!(agents.len().is_multiple_of(2), "agents come in pairs");
     let record_from = start + warmup;
     let stop_at = record_from + measure;
     let mut tasks = Vec::new();

@@ -314,10 +314,10 @@ fn parse(bytes: &[u8]) -> Result<Value, CallError> {
 fn last_sse_message(bytes: &[u8]) -> Result<Value, CallError> {
     let text = String::from_utf8_lossy(bytes);
     text.lines()
+        .rev()
         .filter_map(|l| l.strip_prefix("data:"))
         .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
-        .filter(|v| v.get("result").is_some() || v.get("error").is_some())
-        .last()
+        .find(|v| v.get("result").is_some() || v.get("error").is_some())
         .ok_or_else(|| CallError::Decode(snippet(bytes)))
 }
 
