@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 
 command="bench/run.sh $*"
 [ -n "${PHONE_BENCH_COMMAND:-}" ] && command=$PHONE_BENCH_COMMAND
-port=${PHONE_BENCH_PG_PORT:-54332}
+port=${PHONE_BENCH_PG_PORT:-25432}
 dir=data/bench-pg
 mkdir -p data
 
@@ -21,7 +21,7 @@ cargo build --release --bins --quiet
 echo "bench: build took $(( $(date +%s) - build_start )) s" >&2
 
 # Durable mode (fsync and synchronous_commit on), unlike the tests' cluster.
-# 54332 lies in Linux's ephemeral port range (32768-60999): on a busy
+# Ports above 32767 lie in Linux's ephemeral port range (32768-60999): on a busy
 # machine a client socket (even one in TIME-WAIT) may hold it. Retry, then
 # fall back to a port below that range.
 start_pg() {

@@ -2,7 +2,7 @@
 # `make chaos`: the fault suite (tests/chaos/) against its own durable
 # PostgreSQL cluster, which the tests crash and restart.
 #
-#   scripts/chaos.sh [nextest args]   fresh cluster under data/chaos-pg (port 54333),
+#   scripts/chaos.sh [nextest args]   fresh cluster under data/chaos-pg (port 25433),
 #                                     run every chaos test one at a time, print the
 #                                     results table (target/chaos/results.md)
 #   scripts/chaos.sh pg-crash         stop that cluster in immediate mode (a crash)
@@ -14,7 +14,7 @@
 # (findings) too, not only on broken guarantees.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-port=${PHONE_CHAOS_PG_PORT:-54333}
+port=${PHONE_CHAOS_PG_PORT:-25433}
 dir=${PHONE_CHAOS_PG_DIR:-data/chaos-pg}
 
 find_bindir() {

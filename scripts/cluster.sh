@@ -12,7 +12,7 @@
 #   CLUSTER_BASE_PORT   port of the first replica (default 3101)
 #   PHONE_BIN           use this binary instead of building target/release/phone
 #   DATABASE_URL        use this database instead of the private one
-#   PHONE_PG_PORT       port of the private PostgreSQL (default 54329, as make run)
+#   PHONE_PG_PORT       port of the private PostgreSQL (default 25429, as make run)
 #   PHONE_* / RUST_LOG  passed through to every replica unchanged, except
 #                       PORT and PHONE_BIND (set per replica) and
 #                       PHONE_TRUST_FORWARDED_FOR (default true: behind nginx)
@@ -33,7 +33,7 @@ NGINX_PREFIX="$DIR/nginx"
 LB_PORT=3000                       # fixed by `listen 3000` in deploy/nginx.conf
 REPLICAS=${CLUSTER_REPLICAS:-3}
 BASE_PORT=${CLUSTER_BASE_PORT:-3101}
-PG_PORT=${PHONE_PG_PORT:-54329}
+PG_PORT=${PHONE_PG_PORT:-25429}
 
 log() { echo "cluster: $*"; }
 die() { echo "cluster: $*" >&2; exit 1; }
@@ -71,7 +71,7 @@ wait_healthy() {
 # Lines of the state file: KIND NAME PID PORT MARKER
 #   replica 1 12345 3101 /path/to/phone
 #   nginx lb 12350 3000 /path/to/data/cluster/nginx/
-#   postgres pg - 54329 data/pg        (only when this script started it)
+#   postgres pg - 25429 data/pg        (only when this script started it)
 record() { echo "$*" >>"$STATE"; }
 
 stop_group() {

@@ -6,7 +6,7 @@
 #   DEMO_MESSAGES=10000000 make demo-data    10M (a few minutes per million)
 #
 # Without DATABASE_URL it (re)creates the database `phone_demo` on the
-# private PostgreSQL of `make run` (./data/pg, port 54329). With DATABASE_URL
+# private PostgreSQL of `make run` (./data/pg, port 25429). With DATABASE_URL
 # it fills that database, which must not hold messages yet. The schema comes
 # from the server's own migrations: the script builds the server and starts
 # it once against the database, then stops it.
@@ -24,7 +24,7 @@ case "$messages" in ''|*[!0-9]*) echo "demo-data: DEMO_MESSAGES must be a number
 case "$days" in ''|*[!0-9]*|0) echo "demo-data: DEMO_DAYS must be a positive number" >&2; exit 2;; esac
 
 if [ -z "${DATABASE_URL:-}" ]; then
-    port=${PHONE_PG_PORT:-54329}
+    port=${PHONE_PG_PORT:-25429}
     scripts/pg.sh start data/pg "$port"
     admin=$(scripts/pg.sh url "$port" postgres)
     psql -q "$admin" -c "DROP DATABASE IF EXISTS phone_demo WITH (FORCE)" -c "CREATE DATABASE phone_demo" >/dev/null

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${DATABASE_URL:-}" ]; then
-    port=${PHONE_PG_PORT:-54329}
+    port=${PHONE_PG_PORT:-25429}
     scripts/pg.sh start data/pg "$port"
     psql -q -h 127.0.0.1 -p "$port" -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname = 'phone'" | grep -q 1 \
         || psql -q -h 127.0.0.1 -p "$port" -U postgres -c "CREATE DATABASE phone" >/dev/null

@@ -2,7 +2,7 @@
 # `make test`: the whole suite against a fresh private PostgreSQL (./data/test-pg).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-port=${PHONE_TEST_PG_PORT:-54330}
+port=${PHONE_TEST_PG_PORT:-25430}
 dir=${PHONE_TEST_PG_DIR:-data/test-pg}
 
 scripts/pg.sh stop "$dir"

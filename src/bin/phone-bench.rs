@@ -5,7 +5,7 @@
 //! HTTP/1.1 keep-alive with real MCP requests, runs the raw-SQL baselines,
 //! and writes a Markdown report.
 //!
-//!   phone-bench run [--quick] [--pg-port 54332] [--pg-dir data/bench-pg]
+//!   phone-bench run [--quick] [--pg-port 25432] [--pg-dir data/bench-pg]
 //!                   [--out bench/RESULTS.md] [--command "make bench"]
 //!                   [--pool-size 16] [--base-port 3101] [--only mix,rate,search,growth,fsync]
 
@@ -141,7 +141,7 @@ fn parse_args() -> Result<Opts, String> {
     }
     let mut o = Opts {
         quick: false,
-        pg_port: 54332,
+        pg_port: 25432,
         pg_dir: PathBuf::from("data/bench-pg"),
         pg_bin: find_pg_bin().unwrap_or_else(|| PathBuf::from("/usr/lib/postgresql/15/bin")),
         out: PathBuf::from("bench/RESULTS.md"),

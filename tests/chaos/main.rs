@@ -4,7 +4,7 @@
 //! pool is exhausted and slow clients hold connections.
 //!
 //! Every test is `#[ignore]`d so `make test` skips it; `scripts/chaos.sh`
-//! starts PostgreSQL (data/chaos-pg, port 54333) and runs them one at a time
+//! starts PostgreSQL (data/chaos-pg, port 25433) and runs them one at a time
 //! with `--run-ignored only`. Each test appends a row to
 //! `target/chaos/results.md` (docs/RELIABILITY.md holds a copy of a run).
 //!
