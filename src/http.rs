@@ -212,6 +212,13 @@ struct Envelope<'a> {
     error: Option<serde::de::IgnoredAny>,
 }
 
+/// The -32700 answer when `bytes` is not JSON at all.
+fn parse_error(bytes: &[u8]) -> Option<Json<serde_json::Value>> {
+    serde_json::from_slice::<serde::de::IgnoredAny>(bytes)
+        .err()
+        .map(|e| jsonrpc_error(-32700, &format!("Parse error: {e}")))
+}
+
 fn validate_message(bytes: &[u8]) -> Result<(), Json<serde_json::Value>> {
     // Skipping over strings does not check their UTF-8; this does.
     if let Err(e) = std::str::from_utf8(bytes) {
@@ -219,9 +226,6 @@ fn validate_message(bytes: &[u8]) -> Result<(), Json<serde_json::Value>> {
             -32700,
             &format!("Parse error: invalid UTF-8 ({e})"),
         ));
-    }
-    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
-        return Err(jsonrpc_error(-32700, &format!("Parse error: {e}")));
     }
     if nesting_depth(bytes) > MAX_JSON_DEPTH {
         return Err(jsonrpc_error(
@@ -232,20 +236,31 @@ fn validate_message(bytes: &[u8]) -> Result<(), Json<serde_json::Value>> {
     match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
         Some(b'{') => {}
         Some(b'[') => {
+            if let Some(parse) = parse_error(bytes) {
+                return Err(parse);
+            }
             return Err(jsonrpc_error(
                 -32600,
                 "Invalid Request: JSON-RPC batches are not supported; send one message per request",
             ));
         }
         _ => {
+            if let Some(parse) = parse_error(bytes) {
+                return Err(parse);
+            }
             return Err(jsonrpc_error(
                 -32600,
                 "Invalid Request: expected a JSON-RPC object",
             ));
         }
     }
-    let envelope: Envelope<'_> = serde_json::from_slice(bytes)
-        .map_err(|e| jsonrpc_error(-32600, &format!("Invalid Request: {e}")))?;
+    // One parse on the happy path; only a refused body is parsed again, to
+    // tell malformed JSON (-32700) from a malformed message (-32600).
+    let envelope: Envelope<'_> =
+        serde_json::from_slice(bytes).map_err(|e| match parse_error(bytes) {
+            Some(parse) => parse,
+            None => jsonrpc_error(-32600, &format!("Invalid Request: {e}")),
+        })?;
     if envelope.jsonrpc != Some("2.0") {
         return Err(jsonrpc_error(
             -32600,

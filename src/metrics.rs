@@ -261,7 +261,9 @@ pub fn tool_call(
     }
     let out = result.structured_content.as_ref();
     match tool {
-        tools::SEND if out.and_then(|o| o.get("replayed")).and_then(Value::as_bool) == Some(false) => {
+        tools::SEND
+            if out.and_then(|o| o.get("replayed")).and_then(Value::as_bool) == Some(false) =>
+        {
             m.messages_sent.add(1, &[]);
         }
         tools::INBOX => {

@@ -247,8 +247,14 @@ async fn views_reach_their_indexes() {
     // VACUUM marks pages all-visible only once no transaction anywhere that
     // could still see them is open (other tests run beside this one).
     for attempt in 0.. {
-        db.batch_execute("VACUUM ANALYZE agents, messages").await.unwrap();
-        let visible = rows(&db, "SELECT relallvisible >= relpages FROM pg_class WHERE relname = 'messages'").await;
+        db.batch_execute("VACUUM ANALYZE agents, messages")
+            .await
+            .unwrap();
+        let visible = rows(
+            &db,
+            "SELECT relallvisible >= relpages FROM pg_class WHERE relname = 'messages'",
+        )
+        .await;
         if visible[0][0] == "t" {
             break;
         }
@@ -284,15 +290,33 @@ async fn views_reach_their_indexes() {
     // The other views read narrow covering indexes, never the table with
     // its bodies.
     for (sql, index) in [
-        ("SELECT * FROM analytics.busiest_pairs LIMIT 10", "messages_"),
+        (
+            "SELECT * FROM analytics.busiest_pairs LIMIT 10",
+            "messages_",
+        ),
         ("SELECT * FROM analytics.daily_messages", "messages_day_idx"),
-        ("SELECT * FROM analytics.reply_chains ORDER BY messages DESC LIMIT 5", "messages_thread_cover_idx"),
-        ("SELECT * FROM analytics.reply_chain_lengths", "messages_thread_cover_idx"),
-        ("SELECT * FROM analytics.agent_activity WHERE agent = 'agent7'", "messages_inbox_cover_idx"),
-        ("SELECT * FROM analytics.agent_activity WHERE agent = 'agent7'", "messages_sender_cover_idx"),
+        (
+            "SELECT * FROM analytics.reply_chains ORDER BY messages DESC LIMIT 5",
+            "messages_thread_cover_idx",
+        ),
+        (
+            "SELECT * FROM analytics.reply_chain_lengths",
+            "messages_thread_cover_idx",
+        ),
+        (
+            "SELECT * FROM analytics.agent_activity WHERE agent = 'agent7'",
+            "messages_inbox_cover_idx",
+        ),
+        (
+            "SELECT * FROM analytics.agent_activity WHERE agent = 'agent7'",
+            "messages_sender_cover_idx",
+        ),
     ] {
         let p = plan(sql).await;
-        assert!(p.contains(&format!("Index Only Scan using {index}")), "{sql}:\n{p}");
+        assert!(
+            p.contains(&format!("Index Only Scan using {index}")),
+            "{sql}:\n{p}"
+        );
         // Only index-only scans touch messages; nothing reads its rows.
         let reads_rows = p.lines().any(|l| {
             (l.contains("Seq Scan") || l.contains("Index Scan") || l.contains("Heap Scan"))

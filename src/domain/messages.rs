@@ -343,31 +343,7 @@ impl Phone {
         // commit). It notifies only when the recipient is waiting in a long
         // poll somewhere: NOTIFY serialises commits, so sends nobody waits
         // for must not pay for it. It always returns one row.
-        let stmt = client
-            .prepare_cached(&format!(
-                "WITH {CALLER_CTE},
-                 recipient AS (
-                     SELECT id FROM agents WHERE $10::bigint IS NULL AND name = $3 AND unregistered_at IS NULL
-                     UNION ALL
-                     SELECT id FROM agents WHERE id = $10 AND unregistered_at IS NULL
-                 ),
-                 next AS (SELECT nextval('messages_id_seq') AS id),
-                 inserted AS (
-                     INSERT INTO messages (id, sender_id, recipient_id, subject, body, reply_to, thread_id, idempotency_key)
-                     SELECT next.id, me.id, recipient.id, $4, $5, $6, coalesce($7, next.id), $8
-                     FROM me, recipient, next
-                     ON CONFLICT (sender_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-                     RETURNING id, thread_id, sent_at, recipient_id
-                 )
-                 SELECT (SELECT id FROM me) AS me_id, inserted.id, inserted.thread_id, inserted.sent_at,
-                        (SELECT count(*) FROM (
-                            SELECT pg_notify('{CHANNEL}', inserted.recipient_id::text)
-                            FROM inbox_waiters w
-                            WHERE w.agent_id = inserted.recipient_id AND w.expires_at > now()
-                            LIMIT 1) n) AS woke
-                 FROM (SELECT $9::int AS one) one LEFT JOIN inserted ON true"
-            ))
-            .await?;
+        let stmt = client.prepare_cached(&SEND_SQL).await?;
         let row = client
             .query_one(
                 &stmt,
@@ -532,69 +508,9 @@ impl Phone {
     ) -> Result<Option<(i64, Inbox)>, PhoneError> {
         let client = self.pool().get().await?;
         let limit = i64::from(req.limit);
-        let available = "m.recipient_id = (SELECT id FROM me) AND m.read_at IS NULL
-                         AND (m.leased_until IS NULL OR m.leased_until <= now())";
-        let count_waiting = format!(
-            "SELECT count(*) AS n FROM (SELECT 1 FROM messages m WHERE {available} LIMIT $3 + $4) w"
-        );
-        let sql = match req.mode {
-            InboxMode::History => format!(
-                "WITH {CALLER_CTE}
-                 SELECT me.id AS me_id, x.*,
-                        (SELECT count(*) FROM (SELECT 1 FROM messages m WHERE {available} LIMIT $4) w) AS waiting
-                 FROM me
-                 LEFT JOIN LATERAL (
-                     SELECT {MESSAGE_COLUMNS}
-                     FROM messages m
-                     JOIN agents s ON s.id = m.sender_id
-                     JOIN agents r ON r.id = m.recipient_id
-                     WHERE m.recipient_id = me.id
-                     ORDER BY m.id DESC
-                     LIMIT $3) x ON true
-                 ORDER BY x.id DESC"
-            ),
-            InboxMode::Peek => format!(
-                "WITH {CALLER_CTE},
-                      picked AS (SELECT m.id FROM messages m WHERE {available} ORDER BY m.id LIMIT $3),
-                      waiting AS ({count_waiting})
-                 SELECT me.id AS me_id, {MESSAGE_COLUMNS}, waiting.n AS waiting
-                 FROM me CROSS JOIN waiting
-                 LEFT JOIN (picked JOIN messages m ON m.id = picked.id
-                            JOIN agents s ON s.id = m.sender_id
-                            JOIN agents r ON r.id = m.recipient_id) ON true
-                 ORDER BY m.id"
-            ),
-            // Read and lease lock the oldest available messages and update
-            // them in one statement (one transaction). SKIP LOCKED lets
-            // concurrent pollers of one inbox, on any replica, take
-            // disjoint messages.
-            InboxMode::Read | InboxMode::Lease { .. } => {
-                let set = if matches!(req.mode, InboxMode::Read) {
-                    "read_at = now(), leased_until = NULL"
-                } else {
-                    "leased_until = now() + make_interval(secs => $5)"
-                };
-                format!(
-                    "WITH {CALLER_CTE},
-                     picked AS (
-                         SELECT m.id FROM messages m WHERE {available}
-                         ORDER BY m.id LIMIT $3 FOR UPDATE SKIP LOCKED
-                     ),
-                     taken AS (
-                         UPDATE messages m SET {set}, delivery_count = m.delivery_count + 1
-                         FROM picked WHERE m.id = picked.id
-                         RETURNING m.*
-                     ),
-                     waiting AS ({count_waiting})
-                     SELECT me.id AS me_id, {MESSAGE_COLUMNS}, waiting.n AS waiting
-                     FROM me CROSS JOIN waiting
-                     LEFT JOIN (taken m JOIN agents s ON s.id = m.sender_id
-                                JOIN agents r ON r.id = m.recipient_id) ON true
-                     ORDER BY m.id"
-                )
-            }
-        };
-        let stmt = client.prepare_cached(&sql).await?;
+        // The text is built once per process; the statement once per connection.
+        let sql = poll_sql(req.mode);
+        let stmt = client.prepare_cached(sql).await?;
         let token = creds.token.as_bytes();
         let claimed = creds.claimed.as_ref().map(AgentName::as_str);
         let rows = match req.mode {
@@ -780,6 +696,119 @@ impl Phone {
         })
     }
 }
+
+/// The SQL of one poll mode. `$1` token digest, `$2` claimed name, `$3`
+/// limit, `$4` count cap, `$5` lease seconds.
+fn build_poll_sql(mode: InboxMode) -> String {
+    let available = "m.recipient_id = (SELECT id FROM me) AND m.read_at IS NULL
+                     AND (m.leased_until IS NULL OR m.leased_until <= now())";
+    let count_waiting = format!(
+        "SELECT count(*) AS n FROM (SELECT 1 FROM messages m WHERE {available} LIMIT $3 + $4) w"
+    );
+    match mode {
+        InboxMode::History => format!(
+            "WITH {CALLER_CTE}
+             SELECT me.id AS me_id, x.*,
+                    (SELECT count(*) FROM (SELECT 1 FROM messages m WHERE {available} LIMIT $4) w) AS waiting
+             FROM me
+             LEFT JOIN LATERAL (
+                 SELECT {MESSAGE_COLUMNS}
+                 FROM messages m
+                 JOIN agents s ON s.id = m.sender_id
+                 JOIN agents r ON r.id = m.recipient_id
+                 WHERE m.recipient_id = me.id
+                 ORDER BY m.id DESC
+                 LIMIT $3) x ON true
+             ORDER BY x.id DESC"
+        ),
+        InboxMode::Peek => format!(
+            "WITH {CALLER_CTE},
+                  picked AS (SELECT m.id FROM messages m WHERE {available} ORDER BY m.id LIMIT $3),
+                  waiting AS ({count_waiting})
+             SELECT me.id AS me_id, {MESSAGE_COLUMNS}, waiting.n AS waiting
+             FROM me CROSS JOIN waiting
+             LEFT JOIN (picked JOIN messages m ON m.id = picked.id
+                        JOIN agents s ON s.id = m.sender_id
+                        JOIN agents r ON r.id = m.recipient_id) ON true
+             ORDER BY m.id"
+        ),
+        // Read and lease lock the oldest available messages and update
+        // them in one statement (one transaction). SKIP LOCKED lets
+        // concurrent pollers of one inbox, on any replica, take
+        // disjoint messages.
+        InboxMode::Read | InboxMode::Lease { .. } => {
+            let set = if matches!(mode, InboxMode::Read) {
+                "read_at = now(), leased_until = NULL"
+            } else {
+                "leased_until = now() + make_interval(secs => $5)"
+            };
+            format!(
+                "WITH {CALLER_CTE},
+                 picked AS (
+                     SELECT m.id FROM messages m WHERE {available}
+                     ORDER BY m.id LIMIT $3 FOR UPDATE SKIP LOCKED
+                 ),
+                 taken AS (
+                     UPDATE messages m SET {set}, delivery_count = m.delivery_count + 1
+                     FROM picked WHERE m.id = picked.id
+                     RETURNING m.*
+                 ),
+                 waiting AS ({count_waiting})
+                 SELECT me.id AS me_id, {MESSAGE_COLUMNS}, waiting.n AS waiting
+                 FROM me CROSS JOIN waiting
+                 LEFT JOIN (taken m JOIN agents s ON s.id = m.sender_id
+                            JOIN agents r ON r.id = m.recipient_id) ON true
+                 ORDER BY m.id"
+            )
+        }
+    }
+}
+
+/// Poll statements by mode, built once: read, lease, peek, history.
+fn poll_sql(mode: InboxMode) -> &'static str {
+    static SQL: std::sync::LazyLock<[String; 4]> = std::sync::LazyLock::new(|| {
+        [
+            build_poll_sql(InboxMode::Read),
+            build_poll_sql(InboxMode::Lease { seconds: 0 }),
+            build_poll_sql(InboxMode::Peek),
+            build_poll_sql(InboxMode::History),
+        ]
+    });
+    let index = match mode {
+        InboxMode::Read => 0,
+        InboxMode::Lease { .. } => 1,
+        InboxMode::Peek => 2,
+        InboxMode::History => 3,
+    };
+    &SQL[index]
+}
+
+/// The one-round-trip send statement (built once): `$1` token digest, `$2`
+/// claimed name, `$3` recipient name, `$4` subject, `$5` body, `$6`
+/// reply_to, `$7` thread, `$8` idempotency key, `$9` 1, `$10` recipient id.
+static SEND_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!("WITH {CALLER_CTE},
+                 recipient AS (
+                     SELECT id FROM agents WHERE $10::bigint IS NULL AND name = $3 AND unregistered_at IS NULL
+                     UNION ALL
+                     SELECT id FROM agents WHERE id = $10 AND unregistered_at IS NULL
+                 ),
+                 next AS (SELECT nextval('messages_id_seq') AS id),
+                 inserted AS (
+                     INSERT INTO messages (id, sender_id, recipient_id, subject, body, reply_to, thread_id, idempotency_key)
+                     SELECT next.id, me.id, recipient.id, $4, $5, $6, coalesce($7, next.id), $8
+                     FROM me, recipient, next
+                     ON CONFLICT (sender_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+                     RETURNING id, thread_id, sent_at, recipient_id
+                 )
+                 SELECT (SELECT id FROM me) AS me_id, inserted.id, inserted.thread_id, inserted.sent_at,
+                        (SELECT count(*) FROM (
+                            SELECT pg_notify('{CHANNEL}', inserted.recipient_id::text)
+                            FROM inbox_waiters w
+                            WHERE w.agent_id = inserted.recipient_id AND w.expires_at > now()
+                            LIMIT 1) n) AS woke
+                 FROM (SELECT $9::int AS one) one LEFT JOIN inserted ON true")
+});
 
 /// A read-mode poll that loses its database connection may have committed
 /// before the loss: the messages it took are read, and a plain retry will

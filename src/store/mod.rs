@@ -228,8 +228,12 @@ macro_rules! traced {
             match tokio::time::timeout($self.deadline, call.instrument(span.clone())).await {
                 Ok(outcome) => outcome.map_err(StoreError::from),
                 Err(_) => {
-                    $self.stalled.store(true, std::sync::atomic::Ordering::Relaxed);
-                    Err(StoreError::Unavailable("the database did not answer in time".into()))
+                    $self
+                        .stalled
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                    Err(StoreError::Unavailable(
+                        "the database did not answer in time".into(),
+                    ))
                 }
             }
         };
@@ -252,13 +256,17 @@ macro_rules! traced {
 impl Client {
     /// Prepares through deadpool's per-connection statement cache.
     pub async fn prepare_cached(&self, sql: &str) -> Result<Prepared, StoreError> {
-        let statement = match tokio::time::timeout(self.deadline, (**self).prepare_cached(sql)).await {
-            Ok(prepared) => prepared?,
-            Err(_) => {
-                self.stalled.store(true, std::sync::atomic::Ordering::Relaxed);
-                return Err(StoreError::Unavailable("the database did not answer in time".into()));
-            }
-        };
+        let statement =
+            match tokio::time::timeout(self.deadline, (**self).prepare_cached(sql)).await {
+                Ok(prepared) => prepared?,
+                Err(_) => {
+                    self.stalled
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                    return Err(StoreError::Unavailable(
+                        "the database did not answer in time".into(),
+                    ));
+                }
+            };
         let sql = (db_spans_enabled() || crate::metrics::enabled()).then(|| sql.into());
         Ok(Prepared { statement, sql })
     }
@@ -457,8 +465,12 @@ pub async fn ping(pool: &Pool) -> Result<(), StoreError> {
     match tokio::time::timeout(Duration::from_secs(1), client.simple_query("SELECT 1")).await {
         Ok(answer) => answer.map(drop).map_err(StoreError::from),
         Err(_) => {
-            client.stalled.store(true, std::sync::atomic::Ordering::Relaxed);
-            Err(StoreError::Unavailable("the database did not answer in time".into()))
+            client
+                .stalled
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            Err(StoreError::Unavailable(
+                "the database did not answer in time".into(),
+            ))
         }
     }
 }

@@ -553,7 +553,10 @@ async fn pool_exhaustion_and_a_lock_held_elsewhere() {
             ("PHONE_POOL_SIZE", &pool_size.to_string()),
             ("PHONE_POOL_TIMEOUT_MS", &pool_timeout_ms.to_string()),
             // Ignored by a server without a statement timeout.
-            ("PHONE_STATEMENT_TIMEOUT_MS", &statement_timeout_ms.to_string()),
+            (
+                "PHONE_STATEMENT_TIMEOUT_MS",
+                &statement_timeout_ms.to_string(),
+            ),
         ],
     );
     r.start().await;

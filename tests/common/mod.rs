@@ -150,7 +150,12 @@ impl TestApp {
 
     /// The single number a query such as `SELECT count(*) …` returns.
     pub async fn count(&self, sql: &str) -> i64 {
-        self.db().await.query_one(sql, &[]).await.unwrap_or_else(|e| panic!("{sql}: {e}")).get(0)
+        self.db()
+            .await
+            .query_one(sql, &[])
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .get(0)
     }
 
     pub async fn stop(mut self) {
