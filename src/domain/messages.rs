@@ -697,6 +697,21 @@ impl Phone {
     }
 }
 
+/// The message fields a poll reads from `messages m`.
+const POLLED_FIELDS: &str = "m.id, m.sender_id, m.subject, m.body, m.reply_to, m.thread_id,
+     m.sent_at, m.read_at, m.delivery_count, m.leased_until";
+
+/// What a poll returns per message, aliased as `message` reads them: the
+/// recipient is the caller (`me`), the sender comes from `SENDER_LOOKUP`.
+const POLLED_COLUMNS: &str = "m.id, s.name AS sender, s.project AS sender_project, me.name AS recipient,
+     m.subject, m.body, m.reply_to, m.thread_id, m.sent_at, m.read_at, m.delivery_count, m.leased_until";
+
+/// Each polled message's sender, by primary key. OFFSET 0 keeps this a
+/// lookup per message: as a plain join, the generic plan at 10M messages of
+/// history hashed the whole agents table to name one sender.
+const SENDER_LOOKUP: &str = "LEFT JOIN LATERAL (
+         SELECT a.name, a.project FROM agents a WHERE a.id = m.sender_id OFFSET 0) s ON true";
+
 /// The SQL of one poll mode. `$1` token digest, `$2` claimed name, `$3`
 /// limit, `$4` count cap, `$5` lease seconds.
 fn build_poll_sql(mode: InboxMode) -> String {
@@ -708,28 +723,25 @@ fn build_poll_sql(mode: InboxMode) -> String {
     match mode {
         InboxMode::History => format!(
             "WITH {CALLER_CTE}
-             SELECT me.id AS me_id, x.*,
+             SELECT me.id AS me_id, {POLLED_COLUMNS},
                     (SELECT count(*) FROM (SELECT 1 FROM messages m WHERE {available} LIMIT $4) w) AS waiting
              FROM me
              LEFT JOIN LATERAL (
-                 SELECT {MESSAGE_COLUMNS}
-                 FROM messages m
-                 JOIN agents s ON s.id = m.sender_id
-                 JOIN agents r ON r.id = m.recipient_id
+                 SELECT {POLLED_FIELDS} FROM messages m
                  WHERE m.recipient_id = me.id
                  ORDER BY m.id DESC
-                 LIMIT $3) x ON true
-             ORDER BY x.id DESC"
+                 LIMIT $3) m ON true
+             {SENDER_LOOKUP}
+             ORDER BY m.id DESC"
         ),
         InboxMode::Peek => format!(
             "WITH {CALLER_CTE},
-                  picked AS (SELECT m.id FROM messages m WHERE {available} ORDER BY m.id LIMIT $3),
+                  picked AS (SELECT {POLLED_FIELDS} FROM messages m WHERE {available} ORDER BY m.id LIMIT $3),
                   waiting AS ({count_waiting})
-             SELECT me.id AS me_id, {MESSAGE_COLUMNS}, waiting.n AS waiting
+             SELECT me.id AS me_id, {POLLED_COLUMNS}, waiting.n AS waiting
              FROM me CROSS JOIN waiting
-             LEFT JOIN (picked JOIN messages m ON m.id = picked.id
-                        JOIN agents s ON s.id = m.sender_id
-                        JOIN agents r ON r.id = m.recipient_id) ON true
+             LEFT JOIN picked m ON true
+             {SENDER_LOOKUP}
              ORDER BY m.id"
         ),
         // Read and lease lock the oldest available messages and update
@@ -751,13 +763,13 @@ fn build_poll_sql(mode: InboxMode) -> String {
                  taken AS (
                      UPDATE messages m SET {set}, delivery_count = m.delivery_count + 1
                      FROM picked WHERE m.id = picked.id
-                     RETURNING m.*
+                     RETURNING {POLLED_FIELDS}
                  ),
                  waiting AS ({count_waiting})
-                 SELECT me.id AS me_id, {MESSAGE_COLUMNS}, waiting.n AS waiting
+                 SELECT me.id AS me_id, {POLLED_COLUMNS}, waiting.n AS waiting
                  FROM me CROSS JOIN waiting
-                 LEFT JOIN (taken m JOIN agents s ON s.id = m.sender_id
-                            JOIN agents r ON r.id = m.recipient_id) ON true
+                 LEFT JOIN taken m ON true
+                 {SENDER_LOOKUP}
                  ORDER BY m.id"
             )
         }

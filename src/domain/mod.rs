@@ -149,13 +149,16 @@ pub struct Credentials {
 
 /// The clause every one-round-trip statement starts with: the caller, by
 /// token digest ($1) and optional claimed name ($2), and the presence write
-/// (at most once a minute; otherwise the UPDATE matches no row).
+/// (at most once a minute). A fresh `last_seen_at` makes the UPDATE's key
+/// NULL, so it costs no index lookup; the staleness test is repeated in its
+/// WHERE so that concurrent calls re-check it on the locked row.
 pub(crate) const CALLER_CTE: &str = "me AS (
-        SELECT id FROM agents
+        SELECT id, name, last_seen_at FROM agents
         WHERE token_hash = $1 AND unregistered_at IS NULL AND ($2::text IS NULL OR name = $2)),
      touched AS (
         UPDATE agents SET last_seen_at = now()
-        WHERE id = (SELECT id FROM me)
+        WHERE id = (SELECT id FROM me
+                    WHERE last_seen_at IS NULL OR last_seen_at < now() - interval '60 seconds')
           AND (last_seen_at IS NULL OR last_seen_at < now() - interval '60 seconds'))";
 
 /// An agent whose token was verified for this request.
