@@ -317,6 +317,104 @@ async fn search_ranks_stems_prefixes_filters_and_pages() {
     app.stop().await;
 }
 
+/// A directory big enough for search to take common words from its samples
+/// (every 32nd and 256th agent) while rare ones, names, small projects and
+/// wordless projects still come from the whole directory.
+#[tokio::test]
+async fn search_at_scale_keeps_rare_matches_and_tiers() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    // 3,000 agents that all mention reports, in two big projects.
+    app.db()
+        .await
+        .execute(
+            "INSERT INTO agents (name, description, project, token_hash)
+             SELECT 'clerk-' || g, 'Files expense reports for the team.',
+                    CASE WHEN g % 2 = 0 THEN 'north' ELSE 'south' END,
+                    sha256(convert_to('clerk-' || g, 'UTF8'))
+             FROM generate_series(1, 3000) g",
+            &[],
+        )
+        .await
+        .unwrap();
+    // Ids 3001-3006: in no sample.
+    register(&c, "reports-bot", "Answers questions", "north").await;
+    register(&c, "flag-expert", "Files reports on vexillology", "south").await;
+    register(&c, "ledger-a", "Tracks inventory levels", "Tiny").await;
+    register(&c, "ledger-b", "Reconciles invoices", "tiny").await;
+    register(&c, "the-one", "Files expense reports", "The").await;
+    register(&c, "inventor", "Invents gadgets", "south").await;
+    let names = |v: &Value| -> Vec<String> {
+        v["agents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let search = |args: Value| {
+        let c = &c;
+        async move { names(&ok(c, "phone_search", args).await) }
+    };
+
+    // The one agent named after a common word comes first.
+    assert_eq!(search(json!({"query": "reports"})).await[0], "reports-bot");
+    // A rare conjunction of a common and a rare word; a rare prefix.
+    assert_eq!(
+        search(json!({"query": "reports vexillology"})).await[0],
+        "flag-expert"
+    );
+    assert_eq!(search(json!({"query": "vexil"})).await, ["flag-expert"]);
+    assert_eq!(
+        search(json!({"query": "clerk-1234"})).await[0],
+        "clerk-1234"
+    );
+    // Prefix matches within a small project, in any letter case.
+    let mut n = search(json!({"query": "inv", "project": "TINY"})).await;
+    n.sort();
+    assert_eq!(n, ["ledger-a", "ledger-b"]);
+    // A project whose name is only a stop word.
+    assert_eq!(
+        search(json!({"query": "reports", "project": "the"})).await,
+        ["the-one"]
+    );
+    // A common word within a big project, and a rare prefix there.
+    let r = ok(
+        &c,
+        "phone_search",
+        json!({"query": "reports", "project": "north", "limit": 50}),
+    )
+    .await;
+    let agents = r["agents"].as_array().unwrap();
+    assert_eq!(agents.len(), 50);
+    assert_eq!(agents[0]["name"], "reports-bot");
+    assert!(agents.iter().all(|a| a["project"] == "north"), "{r}");
+    assert_eq!(
+        search(json!({"query": "invent", "project": "south"})).await,
+        ["inventor"]
+    );
+
+    // Pages of a common word: full, never repeating, and they end.
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut args = json!({"query": "reports", "limit": 50});
+        if let Some(c) = &cursor {
+            args["cursor"] = json!(c);
+        }
+        let page = ok(&c, "phone_search", args).await;
+        seen.extend(names(&page));
+        match page.get("next_cursor").and_then(Value::as_str) {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    let unique: HashSet<&String> = seen.iter().collect();
+    assert_eq!(unique.len(), seen.len(), "a page repeated a result");
+    assert!(seen.len() > 50, "{}", seen.len());
+    app.stop().await;
+}
+
 #[tokio::test]
 async fn hostile_search_text_is_only_data() {
     let app = spawn_app().await;
@@ -655,4 +753,129 @@ async fn four_concurrent_pollers_get_every_message_exactly_once() {
     assert_eq!(unique.len(), all.len(), "a message was delivered twice");
     assert_eq!(all.len(), TOTAL, "every message delivered");
     app.stop().await;
+}
+
+/// Concurrent sends on one replica share statements and commits (group
+/// commit); each caller must still get exactly its own outcome, and one
+/// refused send must not fail the others.
+#[tokio::test]
+async fn concurrent_sends_each_get_their_own_outcome() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let mut senders = Vec::new();
+    for i in 0..8 {
+        senders.push(register(&c, &format!("sender-{i}"), "Sends", "p").await);
+    }
+    let inbox = register(&c, "inbox", "Receives", "p").await;
+    let original = ok(
+        &c,
+        "phone_send",
+        inbox.with(json!({"to": "sender-4", "body": "original"})),
+    )
+    .await;
+    let original_id = original["id"].as_str().unwrap().to_owned();
+
+    const ROUNDS: usize = 8;
+    let clients: Vec<_> = futures_util::future::join_all((0..8).map(|_| app.client())).await;
+    let calls = (0..ROUNDS * 8).map(|i| {
+        let (kind, round) = (i % 8, i / 8);
+        let me = &senders[kind];
+        let args = match kind {
+            0 => me.with(json!({"to": format!("nobody-{round}"), "body": "lost"})),
+            1 => json!({"name": me.name, "token": format!("phn_{}", "x".repeat(43)), "to": "inbox", "body": "forged"}),
+            // The same message under one key, sent 8 times at once.
+            2 => me.with(json!({"to": "inbox", "body": "same", "idempotency_key": "k-same"})),
+            // Different messages under one key: one wins, the rest conflict.
+            3 => me.with(json!({"to": "inbox", "body": format!("v{round}"), "idempotency_key": "k-clash"})),
+            4 => me.with(json!({"reply_to": original_id, "body": format!("reply {round}")})),
+            _ => me.with(json!({"to": "inbox", "body": format!("plain {kind}.{round}")})),
+        };
+        let client = &clients[i % clients.len()];
+        async move { (kind, round, call(client, "phone_send", args).await) }
+    });
+    let results = futures_util::future::join_all(calls).await;
+
+    let mut same_ids = HashSet::new();
+    let (mut same_fresh, mut clash_won) = (0, 0);
+    let mut plain_ids = HashSet::new();
+    for (kind, round, result) in &results {
+        let failed = result.is_error == Some(true);
+        let body = result.structured_content.clone().unwrap_or_default();
+        match kind {
+            0 => assert!(
+                text(result).contains(&format!("no agent named 'nobody-{round}'")),
+                "{}",
+                text(result)
+            ),
+            1 => assert!(failed && text(result).contains("token"), "{}", text(result)),
+            2 => {
+                assert!(!failed, "{}", text(result));
+                same_ids.insert(body["id"].as_str().unwrap().to_owned());
+                if body["replayed"] == false {
+                    same_fresh += 1;
+                }
+            }
+            3 if failed => assert!(
+                text(result).contains("already used for a different message"),
+                "{}",
+                text(result)
+            ),
+            3 => clash_won += 1,
+            4 => {
+                assert!(!failed, "{}", text(result));
+                assert_eq!(body["to"], "inbox");
+                assert_eq!(body["thread_id"], original_id);
+            }
+            _ => {
+                assert!(!failed, "{}", text(result));
+                assert_eq!(body["to"], "inbox");
+                assert!(plain_ids.insert(body["id"].as_str().unwrap().to_owned()));
+            }
+        }
+    }
+    assert_eq!(same_ids.len(), 1, "one message for one key");
+    assert_eq!(same_fresh, 1, "the others are replays");
+    assert_eq!(clash_won, 1, "one message per key");
+    assert_eq!(plain_ids.len(), 3 * ROUNDS);
+
+    // What is stored is what the callers were told, body for body.
+    let db = app.db().await;
+    for (kind, round, result) in &results {
+        if *kind < 5 || result.is_error == Some(true) {
+            continue;
+        }
+        let id: i64 = result.structured_content.as_ref().unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .trim_start_matches("msg_")
+            .parse()
+            .unwrap();
+        let row = db
+            .query_one(
+                "SELECT s.name, m.body FROM messages m JOIN agents s ON s.id = m.sender_id WHERE m.id = $1",
+                &[&id],
+            )
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, &str>(0), format!("sender-{kind}"));
+        assert_eq!(row.get::<_, &str>(1), format!("plain {kind}.{round}"));
+    }
+    assert_eq!(
+        app.count("SELECT count(*) FROM messages WHERE body IN ('lost', 'forged')")
+            .await,
+        0
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM messages WHERE body LIKE 'reply %'")
+            .await,
+        ROUNDS as i64
+    );
+    // Sends that were in flight together were written by one statement
+    // (one transaction, one `now()`): the batching this test is about.
+    assert!(
+        app.count("SELECT count(*) FROM (SELECT sent_at FROM messages GROUP BY sent_at HAVING count(*) > 1) t")
+            .await
+            > 0,
+        "no two sends shared a statement"
+    );
 }

@@ -8,8 +8,8 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::agents::timestamp;
+use super::batch::QueuedSend;
 use super::types::{self, AgentName, IdempotencyKey, InvalidInput, MessageId};
-use super::wakeup::CHANNEL;
 use super::{CALLER_CTE, Caller, Credentials, Phone, PhoneError};
 
 #[derive(Debug, Clone)]
@@ -335,47 +335,43 @@ impl Phone {
             }
         };
 
+        // The connection goes back to the pool before the send queues.
+        drop(client);
         let key = req.idempotency_key.as_ref().map(IdempotencyKey::as_str);
         let reply_to = req.reply_to.map(|m| m.0);
-        // One statement (one round trip) verifies the caller, resolves the
-        // recipient and inserts; a conflicting idempotency key inserts
-        // nothing (after waiting for a concurrent insert of the same key to
-        // commit). It notifies only when the recipient is waiting in a long
-        // poll somewhere: NOTIFY serialises commits, so sends nobody waits
-        // for must not pay for it. It always returns one row.
-        let stmt = client.prepare_cached(&SEND_SQL).await?;
-        let row = client
-            .query_one(
-                &stmt,
-                &[
-                    &creds.token.as_bytes(),
-                    &claimed,
-                    &to.as_str(),
-                    &req.subject,
-                    &req.body,
-                    &reply_to,
-                    &thread_id,
-                    &key,
-                    &1i32,
-                    &to_id,
-                ],
-            )
+        // One statement verifies the caller, resolves the recipient and
+        // inserts, together with the other sends in flight on this replica
+        // (`batch`). A conflicting idempotency key inserts nothing (after
+        // waiting for a concurrent insert of the same key to commit).
+        let outcome = self
+            .sends
+            .send(QueuedSend {
+                token: creds.token,
+                claimed: claimed.map(str::to_owned),
+                to_name: to.as_str().to_owned(),
+                subject: req.subject.clone(),
+                body: req.body.clone(),
+                reply_to,
+                thread_id,
+                idempotency_key: key.map(str::to_owned),
+                to_id,
+            })
             .await?;
-        let Some(me_id) = row.get::<_, Option<i64>>("me_id") else {
-            drop(client);
+        let Some(me_id) = outcome.me_id else {
             return Err(self.authentication_error(creds).await);
         };
-        if let Some(id) = row.get::<_, Option<i64>>("id") {
+        if let Some(stored) = outcome.stored {
             return Ok(Sent {
-                id: MessageId(id).to_string(),
+                id: MessageId(stored.id).to_string(),
                 to: to.to_string(),
-                thread_id: MessageId(row.get("thread_id")).to_string(),
-                sent_at: timestamp(row.get("sent_at")),
+                thread_id: MessageId(stored.thread_id).to_string(),
+                sent_at: timestamp(stored.sent_at),
                 replayed: false,
             });
         }
 
         if let Some(key) = key {
+            let client = self.pool().get().await?;
             let stmt = client
                 .prepare_cached(
                     "SELECT m.id, r.name AS recipient, m.subject, m.body, m.reply_to, m.thread_id, m.sent_at
@@ -794,33 +790,6 @@ fn poll_sql(mode: InboxMode) -> &'static str {
     };
     &SQL[index]
 }
-
-/// The one-round-trip send statement (built once): `$1` token digest, `$2`
-/// claimed name, `$3` recipient name, `$4` subject, `$5` body, `$6`
-/// reply_to, `$7` thread, `$8` idempotency key, `$9` 1, `$10` recipient id.
-static SEND_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    format!("WITH {CALLER_CTE},
-                 recipient AS (
-                     SELECT id FROM agents WHERE $10::bigint IS NULL AND name = $3 AND unregistered_at IS NULL
-                     UNION ALL
-                     SELECT id FROM agents WHERE id = $10 AND unregistered_at IS NULL
-                 ),
-                 next AS (SELECT nextval('messages_id_seq') AS id),
-                 inserted AS (
-                     INSERT INTO messages (id, sender_id, recipient_id, subject, body, reply_to, thread_id, idempotency_key)
-                     SELECT next.id, me.id, recipient.id, $4, $5, $6, coalesce($7, next.id), $8
-                     FROM me, recipient, next
-                     ON CONFLICT (sender_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-                     RETURNING id, thread_id, sent_at, recipient_id
-                 )
-                 SELECT (SELECT id FROM me) AS me_id, inserted.id, inserted.thread_id, inserted.sent_at,
-                        (SELECT count(*) FROM (
-                            SELECT pg_notify('{CHANNEL}', inserted.recipient_id::text)
-                            FROM inbox_waiters w
-                            WHERE w.agent_id = inserted.recipient_id AND w.expires_at > now()
-                            LIMIT 1) n) AS woke
-                 FROM (SELECT $9::int AS one) one LEFT JOIN inserted ON true")
-});
 
 /// A read-mode poll that loses its database connection may have committed
 /// before the loss: the messages it took are read, and a plain retry will

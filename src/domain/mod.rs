@@ -1,6 +1,7 @@
 //! The mailbox and the address book: the rules, and the SQL that enforces them.
 
 pub mod agents;
+mod batch;
 pub mod limits;
 pub mod messages;
 pub mod types;
@@ -105,6 +106,8 @@ pub struct Phone {
     /// Cancelled at shutdown, so long polls return at once.
     shutdown: CancellationToken,
     limits: Arc<limits::Limits>,
+    /// Sends in flight on this replica, written together (group commit).
+    sends: batch::SendBatcher,
 }
 
 impl Phone {
@@ -115,6 +118,7 @@ impl Phone {
         limits: limits::Limits,
     ) -> Self {
         Self {
+            sends: batch::SendBatcher::new(pool.clone()),
             pool,
             wakeup,
             shutdown,
