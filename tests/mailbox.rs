@@ -373,10 +373,15 @@ async fn search_at_scale_keeps_rare_matches_and_tiers() {
     let mut n = search(json!({"query": "inv", "project": "TINY"})).await;
     n.sort();
     assert_eq!(n, ["ledger-a", "ledger-b"]);
-    // A project whose name is only a stop word.
+    // A project whose name is only a stop word; a query of stop words.
     assert_eq!(
         search(json!({"query": "reports", "project": "the"})).await,
         ["the-one"]
+    );
+    assert!(
+        search(json!({"query": "the", "project": "north"}))
+            .await
+            .is_empty()
     );
     // A common word within a big project, and a rare prefix there.
     let r = ok(
@@ -877,5 +882,95 @@ async fn concurrent_sends_each_get_their_own_outcome() {
             .await
             > 0,
         "no two sends shared a statement"
+    );
+}
+
+/// Read polls in flight together share a statement too: each poller gets
+/// only its own inbox's messages, every message exactly once.
+#[tokio::test]
+async fn concurrent_polls_of_many_inboxes_each_get_their_own_mail() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let sender = register(&c, "sender", "Sends", "p").await;
+    let mut inboxes = Vec::new();
+    for i in 0..16 {
+        let agent = register(&c, &format!("inbox-{i}"), "Receives", "p").await;
+        for n in 0..5 {
+            ok(
+                &c,
+                "phone_send",
+                sender.with(json!({"to": agent.name, "body": format!("{} #{n}", agent.name)})),
+            )
+            .await;
+        }
+        inboxes.push(agent);
+    }
+    let clients: Vec<_> = futures_util::future::join_all((0..8).map(|_| app.client())).await;
+    // Two polls per inbox at once (limit 3 of 5), and a forged token among them.
+    let polls = inboxes
+        .iter()
+        .chain(inboxes.iter())
+        .enumerate()
+        .map(|(i, agent)| {
+            let client = &clients[i % clients.len()];
+            let args = agent.with(json!({"limit": 3}));
+            async move { (agent.name.clone(), call(client, "phone_inbox", args).await) }
+        });
+    let forged = call(
+        &clients[0],
+        "phone_inbox",
+        json!({"name": "inbox-0", "token": format!("phn_{}", "y".repeat(43))}),
+    );
+    let (results, forged) = tokio::join!(futures_util::future::join_all(polls), forged);
+    assert_eq!(forged.is_error, Some(true), "{}", text(&forged));
+
+    let mut got: std::collections::HashMap<String, Vec<String>> = Default::default();
+    for (name, result) in &results {
+        assert_ne!(result.is_error, Some(true), "{}", text(result));
+        let out = result.structured_content.as_ref().unwrap();
+        for m in out["messages"].as_array().unwrap() {
+            assert_eq!(m["to"], name.as_str(), "someone else's mail");
+            assert!(
+                m["body"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with(&format!("{name} #"))
+            );
+            got.entry(name.clone())
+                .or_default()
+                .push(m["id"].as_str().unwrap().to_owned());
+        }
+    }
+    for agent in &inboxes {
+        let ids = got.remove(&agent.name).unwrap_or_default();
+        let unique: HashSet<_> = ids.iter().collect();
+        assert_eq!(
+            unique.len(),
+            ids.len(),
+            "a message delivered twice to {}",
+            agent.name
+        );
+        assert_eq!(
+            ids.len(),
+            5,
+            "{} got {} of its 5 messages",
+            agent.name,
+            ids.len()
+        );
+    }
+    assert_eq!(
+        app.count("SELECT count(*) FROM messages WHERE read_at IS NULL")
+            .await,
+        0
+    );
+    // Polls of different inboxes went together (one statement, one `now()`).
+    assert!(
+        app.count(
+            "SELECT count(*) FROM (SELECT read_at FROM messages GROUP BY read_at
+             HAVING count(DISTINCT recipient_id) > 1) t"
+        )
+        .await
+            > 0,
+        "no two polls shared a statement"
     );
 }

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::agents::timestamp;
-use super::batch::QueuedSend;
+use super::batch::{poll::QueuedPoll, send::QueuedSend};
 use super::types::{self, AgentName, IdempotencyKey, InvalidInput, MessageId};
 use super::{CALLER_CTE, Caller, Credentials, Phone, PhoneError};
 
@@ -249,7 +249,7 @@ pub fn decode_cursor(raw: &str) -> Result<i64, InvalidInput> {
 const MESSAGE_COLUMNS: &str = "m.id, s.name AS sender, s.project AS sender_project, r.name AS recipient,
      m.subject, m.body, m.reply_to, m.thread_id, m.sent_at, m.read_at, m.delivery_count, m.leased_until";
 
-fn message(row: &tokio_postgres::Row, leased: bool) -> Message {
+pub(crate) fn message(row: &tokio_postgres::Row, leased: bool) -> Message {
     Message {
         id: MessageId(row.get("id")).to_string(),
         from: row.get("sender"),
@@ -345,7 +345,7 @@ impl Phone {
         // waiting for a concurrent insert of the same key to commit).
         let outcome = self
             .sends
-            .send(QueuedSend {
+            .run(QueuedSend {
                 token: creds.token,
                 claimed: claimed.map(str::to_owned),
                 to_name: to.as_str().to_owned(),
@@ -502,8 +502,30 @@ impl Phone {
         creds: &Credentials,
         req: InboxRequest,
     ) -> Result<Option<(i64, Inbox)>, PhoneError> {
-        let client = self.pool().get().await?;
         let limit = i64::from(req.limit);
+        if req.mode == InboxMode::Read {
+            // The hot path: together with the other read polls in flight.
+            let polled = self
+                .polls
+                .run(QueuedPoll {
+                    token: creds.token,
+                    claimed: creds.claimed.as_ref().map(|n| n.as_str().to_owned()),
+                    limit,
+                })
+                .await?;
+            let Some(me_id) = polled.me_id else {
+                return Ok(None);
+            };
+            let taken = polled.messages.len() as i64;
+            return Ok(Some((
+                me_id,
+                Inbox {
+                    messages: polled.messages,
+                    unread_remaining: (polled.waiting - taken).clamp(0, UNREAD_COUNT_CAP),
+                },
+            )));
+        }
+        let client = self.pool().get().await?;
         // The text is built once per process; the statement once per connection.
         let sql = poll_sql(req.mode);
         let stmt = client.prepare_cached(sql).await?;
@@ -694,18 +716,19 @@ impl Phone {
 }
 
 /// The message fields a poll reads from `messages m`.
-const POLLED_FIELDS: &str = "m.id, m.sender_id, m.subject, m.body, m.reply_to, m.thread_id,
+pub(crate) const POLLED_FIELDS: &str =
+    "m.id, m.sender_id, m.subject, m.body, m.reply_to, m.thread_id,
      m.sent_at, m.read_at, m.delivery_count, m.leased_until";
 
 /// What a poll returns per message, aliased as `message` reads them: the
 /// recipient is the caller (`me`), the sender comes from `SENDER_LOOKUP`.
-const POLLED_COLUMNS: &str = "m.id, s.name AS sender, s.project AS sender_project, me.name AS recipient,
+pub(crate) const POLLED_COLUMNS: &str = "m.id, s.name AS sender, s.project AS sender_project, me.name AS recipient,
      m.subject, m.body, m.reply_to, m.thread_id, m.sent_at, m.read_at, m.delivery_count, m.leased_until";
 
 /// Each polled message's sender, by primary key. OFFSET 0 keeps this a
 /// lookup per message: as a plain join, the generic plan at 10M messages of
 /// history hashed the whole agents table to name one sender.
-const SENDER_LOOKUP: &str = "LEFT JOIN LATERAL (
+pub(crate) const SENDER_LOOKUP: &str = "LEFT JOIN LATERAL (
          SELECT a.name, a.project FROM agents a WHERE a.id = m.sender_id OFFSET 0) s ON true";
 
 /// The SQL of one poll mode. `$1` token digest, `$2` claimed name, `$3`

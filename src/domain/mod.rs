@@ -106,8 +106,10 @@ pub struct Phone {
     /// Cancelled at shutdown, so long polls return at once.
     shutdown: CancellationToken,
     limits: Arc<limits::Limits>,
-    /// Sends in flight on this replica, written together (group commit).
-    sends: batch::SendBatcher,
+    /// Sends and read polls in flight on this replica, each kind written
+    /// together (group commit).
+    sends: batch::Batcher<batch::send::SendWrite>,
+    polls: batch::Batcher<batch::poll::PollWrite>,
 }
 
 impl Phone {
@@ -118,7 +120,11 @@ impl Phone {
         limits: limits::Limits,
     ) -> Self {
         Self {
-            sends: batch::SendBatcher::new(pool.clone()),
+            sends: batch::Batcher::new(batch::send::SendWrite { pool: pool.clone() }),
+            polls: batch::Batcher::new(batch::poll::PollWrite {
+                pool: pool.clone(),
+                cap: messages::UNREAD_COUNT_CAP,
+            }),
             pool,
             wakeup,
             shutdown,

@@ -1,0 +1,180 @@
+//! Group commit: concurrent sends (and read-mode polls) on one replica are
+//! written by one statement and one commit.
+//!
+//! Measured with pgbench on this machine, the send statement carrying 8
+//! messages stores about 4 times as many messages per second as 8 separate
+//! statements: per-statement work (executor start-up, commit, WAL flush,
+//! waking a backend) dominates a one-row write. Batches form only under
+//! load: a call that finds fewer than [`MAX_IN_FLIGHT`] batches running
+//! starts one at once, so a lone call waits for nothing. Only calls in
+//! flight live here, never state another replica would need; each caller
+//! hears back after the commit, so a crash loses nothing acknowledged.
+
+pub(crate) mod poll;
+pub(crate) mod send;
+
+use std::{
+    collections::{HashSet, VecDeque},
+    sync::{Arc, Mutex},
+};
+
+use tokio::sync::oneshot;
+use tracing::Instrument;
+
+use super::{PhoneError, types::TokenHash};
+use crate::store::StoreError;
+
+/// Batches of one kind that may run at once on a replica, each on its own
+/// connection: one commits while the next forms.
+const MAX_IN_FLIGHT: usize = 2;
+/// At most this many calls per statement.
+const MAX_BATCH: usize = 64;
+
+/// One statement that does the work of many calls.
+pub(crate) trait Write: Send + Sync + 'static {
+    type Item: Send + 'static;
+    type Outcome: Send + 'static;
+
+    /// Calls with the same key never share a statement (two polls of one
+    /// inbox in one statement would take the same messages).
+    fn exclusive_key(_item: &Self::Item) -> Option<TokenHash> {
+        None
+    }
+
+    /// One outcome per item, in order.
+    fn write(
+        &self,
+        items: &[Self::Item],
+    ) -> impl Future<Output = Result<Vec<Self::Outcome>, StoreError>> + Send;
+}
+
+type Reply<W> = oneshot::Sender<Result<<W as Write>::Outcome, PhoneError>>;
+
+struct Queue<W: Write> {
+    waiting: VecDeque<(W::Item, Reply<W>)>,
+    running: usize,
+}
+
+pub(crate) struct Batcher<W: Write> {
+    writer: Arc<W>,
+    queue: Arc<Mutex<Queue<W>>>,
+}
+
+impl<W: Write> Clone for Batcher<W> {
+    fn clone(&self) -> Self {
+        Self {
+            writer: self.writer.clone(),
+            queue: self.queue.clone(),
+        }
+    }
+}
+
+impl<W: Write> Batcher<W> {
+    pub fn new(writer: W) -> Self {
+        Self {
+            writer: Arc::new(writer),
+            queue: Arc::new(Mutex::new(Queue {
+                waiting: VecDeque::new(),
+                running: 0,
+            })),
+        }
+    }
+
+    /// Does one call's work, alone or together with others in flight.
+    pub async fn run(&self, item: W::Item) -> Result<W::Outcome, PhoneError> {
+        let (reply, outcome) = oneshot::channel();
+        let start = {
+            let mut queue = self.queue.lock().expect("batch queue lock");
+            queue.waiting.push_back((item, reply));
+            let start = queue.running < MAX_IN_FLIGHT;
+            if start {
+                queue.running += 1;
+            }
+            start
+        };
+        if start {
+            // A task of its own, so a caller that goes away (a closed
+            // connection drops its request) cannot abandon the others' work
+            // halfway. Its first batch is traced under this request.
+            tokio::spawn(self.clone().drain(tracing::Span::current()));
+        }
+        outcome.await.unwrap_or(Err(PhoneError::Internal))
+    }
+
+    /// Writes batches until nobody waits.
+    async fn drain(self, first_span: tracing::Span) {
+        let mut span = Some(first_span);
+        loop {
+            let batch = {
+                let mut queue = self.queue.lock().expect("batch queue lock");
+                if queue.waiting.is_empty() {
+                    queue.running -= 1;
+                    return;
+                }
+                take_batch::<W>(&mut queue.waiting)
+            };
+            let span = span
+                .take()
+                .unwrap_or_else(|| tracing::info_span!("batch", size = batch.len()));
+            self.write(batch).instrument(span).await;
+        }
+    }
+
+    async fn write(&self, batch: Vec<(W::Item, Reply<W>)>) {
+        let (items, replies): (Vec<W::Item>, Vec<Reply<W>>) = batch.into_iter().unzip();
+        match self.writer.write(&items).await {
+            Ok(outcomes) => {
+                for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                    let _ = reply.send(Ok(outcome));
+                }
+            }
+            // One call the database refuses must not fail the others: run
+            // them one by one, so only its own caller gets the error.
+            Err(e) if items.len() > 1 && !e.is_unavailable() => {
+                tracing::warn!(error = %e, size = items.len(), "batch refused; running its calls one by one");
+                for (item, reply) in items.into_iter().zip(replies) {
+                    let outcome = self
+                        .writer
+                        .write(std::slice::from_ref(&item))
+                        .await
+                        .map_err(PhoneError::from)
+                        .and_then(|mut one| one.pop().ok_or(PhoneError::Internal));
+                    let _ = reply.send(outcome);
+                }
+            }
+            Err(e) => {
+                let reason = match PhoneError::from(e) {
+                    PhoneError::Unavailable(reason) => Some(reason),
+                    _ => None,
+                };
+                for reply in replies {
+                    let _ = reply.send(Err(match &reason {
+                        Some(reason) => PhoneError::Unavailable(reason.clone()),
+                        None => PhoneError::Internal,
+                    }));
+                }
+            }
+        }
+    }
+}
+
+/// Up to [`MAX_BATCH`] calls from the front of the queue, in order; a call
+/// whose exclusive key is already in the batch waits for the next one.
+fn take_batch<W: Write>(waiting: &mut VecDeque<(W::Item, Reply<W>)>) -> Vec<(W::Item, Reply<W>)> {
+    let mut batch = Vec::with_capacity(waiting.len().min(MAX_BATCH));
+    let mut keys = HashSet::new();
+    let mut deferred = VecDeque::new();
+    while batch.len() < MAX_BATCH {
+        let Some(entry) = waiting.pop_front() else {
+            break;
+        };
+        match W::exclusive_key(&entry.0) {
+            Some(key) if !keys.insert(key.0) => deferred.push_back(entry),
+            _ => batch.push(entry),
+        }
+    }
+    // Deferred calls keep their place at the front.
+    deferred.append(waiting);
+    *waiting = deferred;
+    batch
+}
