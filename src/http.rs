@@ -325,6 +325,10 @@ fn nesting_depth(bytes: &[u8]) -> usize {
     max
 }
 
+fn jsonrpc_error(code: i32, message: &str) -> Json<serde_json::Value> {
+    Json(json!({"jsonrpc": "2.0", "id": null, "error": {"code": code, "message": message}}))
+}
+
 #[cfg(test)]
 mod tests {
     use super::nesting_depth;
@@ -334,8 +338,4 @@ mod tests {
         assert_eq!(nesting_depth(br#"{"a":[1,{"b":"[[[{{{\"]]]"}]}"#), 3);
         assert_eq!(nesting_depth(b"1"), 0);
     }
-}
-
-fn jsonrpc_error(code: i32, message: &str) -> Json<serde_json::Value> {
-    Json(json!({"jsonrpc": "2.0", "id": null, "error": {"code": code, "message": message}}))
 }

@@ -120,10 +120,10 @@ impl Wakeup {
                 self.wake_all();
                 tracing::debug!("listening for mail notifications");
                 while let Some(msg) = messages.next().await {
-                    if let AsyncMessage::Notification(n) = msg? {
-                        if let Ok(agent_id) = n.payload().parse::<i64>() {
-                            self.wake(agent_id);
-                        }
+                    if let AsyncMessage::Notification(n) = msg?
+                        && let Ok(agent_id) = n.payload().parse::<i64>()
+                    {
+                        self.wake(agent_id);
                     }
                 }
                 drop(client);
