@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make bench` / `make bench-quick`: everything the benchmark needs, then the
 # benchmark itself. Starts a private, durable PostgreSQL in ./data/bench-pg
-# (port 54332, or PHONE_BENCH_PG_PORT), builds the release binaries, and runs
+# (port 25432, or PHONE_BENCH_PG_PORT), builds the release binaries, and runs
 # phone-bench, which starts the replicas, drives them, runs the raw-SQL
 # baselines and writes bench/RESULTS.md. Stops PostgreSQL when done.
 #
@@ -48,6 +48,10 @@ case "$preload" in
 esac
 psql -h 127.0.0.1 -p "$port" -U postgres -d postgres -qc "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" 2>/dev/null || true
 trap 'scripts/pg.sh stop "$dir"' EXIT
+
+# The long-poll phase holds 1,000 client connections in phone-bench: lift
+# the soft open-files limit towards the hard one (it says so if too low).
+ulimit -Sn "$(ulimit -Hn)" 2>/dev/null || ulimit -Sn 4096 2>/dev/null || true
 
 # Bounded: phone-bench keeps to its own time budget; this is the backstop.
 limit=900

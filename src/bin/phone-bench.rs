@@ -7,7 +7,8 @@
 //!
 //!   phone-bench run [--quick] [--pg-port 25432] [--pg-dir data/bench-pg]
 //!                   [--out bench/RESULTS.md] [--command "make bench"]
-//!                   [--pool-size 16] [--base-port 3101] [--only mix,rate,search,growth,fsync]
+//!                   [--pool-size 16] [--base-port 3101]
+//!                   [--only mix,rate,wake,search,growth,fsync]
 
 #[path = "phone-bench/db.rs"]
 mod db;
@@ -17,12 +18,15 @@ mod load;
 mod mcp;
 #[path = "phone-bench/stats.rs"]
 mod stats;
+#[path = "phone-bench/wake.rs"]
+mod wake;
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeSet, HashSet},
     fmt::Write as _,
     path::{Path, PathBuf},
     process::{ExitCode, Stdio},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -51,6 +55,12 @@ struct Mode {
     search_secs: Duration,
     growth_small: i64,
     growth_large: i64,
+    /// Long polls: each quiet window and each send-rate measurement.
+    wake_window: Duration,
+    wake_warmup: Duration,
+    /// Rounds per wake-up pair, and the most time they may take.
+    wake_rounds: usize,
+    wake_pairs_secs: Duration,
     budget: Duration,
 }
 
@@ -66,6 +76,10 @@ impl Mode {
                 search_secs: Duration::from_millis(1000),
                 growth_small: 10_000,
                 growth_large: 1_000_000,
+                wake_window: Duration::from_millis(1500),
+                wake_warmup: Duration::from_millis(300),
+                wake_rounds: 16,
+                wake_pairs_secs: Duration::from_secs(8),
                 budget: Duration::from_secs(115),
             }
         } else {
@@ -78,6 +92,10 @@ impl Mode {
                 search_secs: Duration::from_secs(2),
                 growth_small: 10_000,
                 growth_large: 10_000_000,
+                wake_window: Duration::from_secs(4),
+                wake_warmup: Duration::from_secs(1),
+                wake_rounds: 40,
+                wake_pairs_secs: Duration::from_secs(20),
                 budget: Duration::from_secs(570),
             }
         }
@@ -92,6 +110,33 @@ const GROWTH_MEASURED: usize = 16;
 const DB_MIX: &str = "phone_bench";
 const DB_SEARCH: &str = "phone_bench_search";
 const DB_GROWTH: &str = "phone_bench_growth";
+const DB_WAKE: &str = "phone_bench_wake";
+const WAKE_REPLICAS: usize = 3;
+/// Wake-up pairs, closed-loop senders, passive and re-arming recipients.
+const WAKE_PAIRS: usize = 16;
+/// Agents in long polls at once for the database-load and send-rate tests.
+const WAKE_SWARM: usize = 1000;
+/// The pairs' `wait_seconds`: a missed wake-up shows as a 10 s sample.
+const WAKE_PAIR_WAIT: u64 = 10;
+/// The swarm's `wait_seconds`: the server's maximum.
+const WAKE_SWARM_WAIT: u64 = 25;
+/// After a pair's waiter row appears, before the send: the poll's own
+/// re-check (one statement) is then over and it sleeps on its wake-up.
+const WAKE_GRACE: Duration = Duration::from_millis(3);
+/// Racing pairs: the send goes out at a random moment this soon after the
+/// poll, so it may land while the poll registers; their wait is short, as a
+/// missed wake-up costs the whole of it.
+const RACE_WITHIN: Duration = Duration::from_millis(15);
+const RACE_WAIT: u64 = 1;
+/// The re-arming waiters' `wait_seconds`: woken every few milliseconds
+/// while the sends run, so it only bounds a missed last wake-up.
+const REARM_WAIT: u64 = 5;
+/// One swarm poll goes out every so often: 1,000 in 2 s.
+const WAKE_ARM_EVERY: Duration = Duration::from_millis(2);
+/// The server's notification channel (`CHANNEL` in src/domain/wakeup.rs).
+const MAIL_CHANNEL: &str = "phone_mail";
+/// pg_stat_activity sampling during the send-rate windows.
+const WAIT_SAMPLE_EVERY: Duration = Duration::from_millis(50);
 
 fn main() -> ExitCode {
     let opts = match parse_args() {
@@ -419,6 +464,156 @@ struct MemRow {
     phase: String,
 }
 
+/// Wake-up latency: from a send to the waiting poll's response.
+#[derive(Default)]
+struct WakeLatRow {
+    case: String,
+    /// The case in a few words, for the targets table.
+    short: String,
+    /// The send itself, request to response.
+    send: Summary,
+    from_send: Summary,
+    from_send_response: Summary,
+    /// Polls answered before the send's own response arrived.
+    answered_first: u64,
+    /// Notifications on the mail channel while the case ran.
+    notifications: u64,
+    once: Once,
+    errors: String,
+    error_count: u64,
+}
+
+/// Closed-loop sends to one kind of recipient.
+struct SendRateRow {
+    case: &'static str,
+    secs: f64,
+    sent_db: i64,
+    sends_ok: u64,
+    lat: Summary,
+    errors: String,
+    error_count: u64,
+    /// What the recipients' side did, when someone waited for the mail.
+    receivers: String,
+    /// Active backends by wait event, averaged over the window.
+    waits: Vec<(String, f64)>,
+    /// Every statement the database ran (the recipients' polls included)
+    /// per send, warm-up included (pg_stat_statements).
+    statements_per_send: Option<f64>,
+    /// Notifications on the mail channel meanwhile, and sends stored.
+    notifications: u64,
+    all_sent: i64,
+}
+
+impl SendRateRow {
+    fn per_s(&self) -> f64 {
+        self.sent_db as f64 / self.secs
+    }
+}
+
+/// Load while nothing happens but (maybe) waiting.
+struct QuietRow {
+    case: String,
+    /// Rows in `inbox_waiters` of the swarm, before and after the window.
+    waiting: (i64, i64),
+    /// pg_stat_statements of the database, from reset to read.
+    stmt_secs: f64,
+    statements: i64,
+    /// The most frequent: (kind, excerpt, calls).
+    top: Vec<(&'static str, String, i64)>,
+    commits: i64,
+    cpu: CpuUse,
+    /// VmRSS summed over the replicas, after the window.
+    rss_kb: u64,
+}
+
+impl QuietRow {
+    fn statements_per_s(&self) -> f64 {
+        self.statements as f64 / self.stmt_secs.max(1e-9)
+    }
+    fn cores(&self, cpu_s: f64) -> f64 {
+        cpu_s / self.cpu.wall.max(1e-9)
+    }
+}
+
+/// Sends racing a long poll's registration.
+struct RaceResult {
+    long_polls: u64,
+    missed: u64,
+    /// The latest a missed poll's message was stored after the poll began.
+    stored_by: Duration,
+    once: Once,
+    errors: String,
+}
+
+impl RaceResult {
+    fn describe(&self) -> String {
+        format!(
+            "{} of {} long polls missed their wake-up: waited the full {RACE_WAIT} s and returned nothing, though their message had been stored at most {:.0} ms after they began",
+            self.missed,
+            self.long_polls,
+            self.stored_by.as_secs_f64() * 1000.0
+        )
+    }
+}
+
+/// Exactly-once delivery: what the database holds against what was sent
+/// and what the polls returned.
+#[derive(Clone, Copy, Debug, Default)]
+struct Once {
+    sent: usize,
+    stored: i64,
+    unread: i64,
+    received: usize,
+    duplicates: usize,
+    /// Sent ids no poll returned.
+    missing: usize,
+}
+
+impl Once {
+    fn check(sent: &[String], received: &[String], (stored, unread): (i64, i64)) -> Self {
+        let unique: HashSet<&String> = received.iter().collect();
+        Once {
+            sent: sent.len(),
+            stored,
+            unread,
+            received: received.len(),
+            duplicates: received.len() - unique.len(),
+            missing: sent.iter().filter(|id| !unique.contains(id)).count(),
+        }
+    }
+    /// Every stored message was sent once, returned once, none left unread.
+    fn ok(&self) -> bool {
+        self.stored == self.sent as i64
+            && self.received == self.sent
+            && self.duplicates == 0
+            && self.missing == 0
+            && self.unread == 0
+    }
+    fn describe(&self) -> String {
+        format!(
+            "{} sent, {} stored, {} returned, {} duplicates, {} missing, {} unread",
+            self.sent, self.stored, self.received, self.duplicates, self.missing, self.unread
+        )
+    }
+}
+
+#[derive(Default)]
+struct WakeReport {
+    latency: Vec<WakeLatRow>,
+    race: Option<RaceResult>,
+    rates: Vec<SendRateRow>,
+    quiet: Vec<QuietRow>,
+    /// The swarm: connections opened, seconds from the first poll to all
+    /// rows seen, polls that ended with their message, that timed out, errors.
+    swarm_opened: usize,
+    swarm_armed_secs: f64,
+    swarm_with_message: usize,
+    swarm_timed_out: usize,
+    swarm_errors: String,
+    /// VmRSS summed over the replicas once the swarm's connections closed.
+    rss_after_swarm_kb: u64,
+}
+
 #[derive(Default)]
 struct Report {
     revision: String,
@@ -433,6 +628,7 @@ struct Report {
     search_seeded: i64,
     growth: Vec<GrowthRow>,
     growth_seed_secs: f64,
+    wake: Option<WakeReport>,
     mem: Vec<MemRow>,
     skipped: Vec<String>,
 }
@@ -534,6 +730,7 @@ async fn run(opts: Opts) -> Result<(), String> {
                         load::no_db(&tg, 16, what, start, mode.warmup, nodb_secs),
                         sample_window(
                             &admin,
+                            DB_MIX,
                             &server_pids,
                             postmaster,
                             &[],
@@ -597,6 +794,7 @@ async fn run(opts: Opts) -> Result<(), String> {
                     load::open_loop(&tg, &last_agents, rate, mode.warmup, mode.measure, 64),
                     sample_window(
                         &admin,
+                        DB_MIX,
                         &server_pids,
                         postmaster,
                         &[],
@@ -637,6 +835,17 @@ async fn run(opts: Opts) -> Result<(), String> {
                 });
             }
             stop_replicas(replicas).await;
+        }
+    }
+
+    if wants("wake") {
+        // The swarm holds 1,000 client connections in this one process.
+        match stats::open_files_limit() {
+            Some(n) if n < WAKE_SWARM as u64 + 256 => report.skipped.push(format!(
+                "long polls: {WAKE_SWARM} waiting agents need ~{} open files here, the limit is {n} (raise it: ulimit -n)",
+                WAKE_SWARM + 256
+            )),
+            _ => wake_phase(&opts, &mode, &admin, &mut report, t0, postmaster, hz).await?,
         }
     }
 
@@ -733,6 +942,7 @@ async fn mix_phase(
         load::mix(tg, &agents, start, mode.warmup, mode.measure),
         sample_window(
             admin,
+            DB_MIX,
             &server_pids,
             postmaster,
             &[],
@@ -770,6 +980,7 @@ async fn mix_phase(
     let pstart = tokio::time::Instant::now();
     let (pgbench_cpu, pgbench_counters) = sample_window(
         admin,
+        DB_MIX,
         &[],
         postmaster,
         &[pgbench_pid],
@@ -819,8 +1030,10 @@ async fn mix_phase(
 }
 
 /// CPU use and database counters between two instants.
+#[allow(clippy::too_many_arguments)]
 async fn sample_window(
     admin: &tokio_postgres::Client,
+    database: &str,
     server_pids: &[u32],
     postmaster: u32,
     loadgen: &[u32],
@@ -832,7 +1045,7 @@ async fn sample_window(
         tokio::task::spawn_blocking(move || CpuProbe::take(&server, postmaster, &loadgen))
     };
     tokio::time::sleep_until(from).await;
-    let c0 = db::counters(admin, DB_MIX).await;
+    let c0 = db::counters(admin, database).await;
     let p0 = probe(server_pids.to_vec(), loadgen.to_vec())
         .await
         .expect("probe");
@@ -840,7 +1053,7 @@ async fn sample_window(
     let p1 = probe(server_pids.to_vec(), loadgen.to_vec())
         .await
         .expect("probe");
-    let c1 = db::counters(admin, DB_MIX).await;
+    let c1 = db::counters(admin, database).await;
     (
         p1.since(&p0, hz),
         db::DbCounters {
@@ -1142,6 +1355,7 @@ async fn growth_phase(
             ),
             sample_window(
                 admin,
+                DB_GROWTH,
                 &server_pids,
                 postmaster,
                 &[],
@@ -1193,6 +1407,573 @@ async fn growth_phase(
     }
     stop_replicas(replicas).await;
     Ok(())
+}
+
+/// Seeded agents `{prefix}-1` … `{prefix}-n` (see `db::seed_agents`).
+fn seeded_agents(prefix: char, n: usize) -> Vec<Agent> {
+    (1..=n as i64)
+        .map(|g| Agent {
+            name: format!("{prefix}-{g}"),
+            token: db::seeded_token(prefix, g),
+        })
+        .collect()
+}
+
+fn names_of(agents: &[Agent]) -> Vec<String> {
+    agents.iter().map(|a| a.name.clone()).collect()
+}
+
+/// Long polls (issue 7): wake-up latency across replicas, send rates with
+/// and without waiters, and what 1,000 waiting agents cost the database.
+/// Order: idle baseline, the swarm of waiters (load window, sends beside
+/// it, one message each), sends without waiters, sends to re-arming
+/// waiters, the wake-up pairs. The quiet windows come first, before any
+/// message exists, so no autovacuum of `messages` lands in them.
+async fn wake_phase(
+    opts: &Opts,
+    mode: &Mode,
+    admin: &tokio_postgres::Client,
+    report: &mut Report,
+    t0: Instant,
+    postmaster: u32,
+    hz: f64,
+) -> Result<(), String> {
+    db::recreate_database(admin, DB_WAKE).await?;
+    let replicas =
+        start_replicas(opts, DB_WAKE, WAKE_REPLICAS, opts.base_port + 30, "wake").await?;
+    let url = pg_url(opts, DB_WAKE);
+    let wdb = db::connect(&url).await?;
+    // s: senders; p: the pairs' waiters; q: recipients nobody waits for;
+    // r: re-arming waiters; w: the swarm.
+    for (prefix, n) in [
+        ('s', WAKE_PAIRS),
+        ('p', 2 * WAKE_PAIRS + 1),
+        ('q', WAKE_PAIRS),
+        ('r', WAKE_PAIRS),
+        ('w', WAKE_SWARM),
+    ] {
+        db::seed_agents(&wdb, prefix, "wake", n as i64).await?;
+    }
+    db::each(&wdb, &["VACUUM (ANALYZE) agents", "CHECKPOINT"]).await?;
+    let swarm = seeded_agents('w', WAKE_SWARM);
+    let ctx = WakeCtx {
+        mode,
+        admin,
+        tg: targets(&replicas),
+        rows: Arc::new(db::WaiterRows::connect(&url).await?),
+        notifications: db::NotifyCounter::listen(&url, MAIL_CHANNEL).await?,
+        swarm_ids: db::ids_by_name(&wdb, &names_of(&swarm)).await?,
+        wdb,
+        replicas,
+        senders: seeded_agents('s', WAKE_PAIRS),
+        postmaster,
+        hz,
+    };
+    say!(
+        t0,
+        "wake: {WAKE_REPLICAS} replicas up, {} agents seeded",
+        5 * WAKE_PAIRS + 1 + WAKE_SWARM
+    );
+    let mut w = WakeReport::default();
+
+    // Idle baseline: replicas up and idle (since their start-up 1 s or
+    // more ago), nobody waiting.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let idle = ctx.quiet_window("idle: nobody waiting".into()).await;
+    say!(
+        t0,
+        "wake: idle {:.1} statements/s, PostgreSQL {:.3} cores",
+        idle.statements_per_s(),
+        idle.cores(idle.cpu.postgres)
+    );
+    w.quiet.push(idle);
+
+    let passive = names_of(&seeded_agents('q', WAKE_PAIRS));
+    let with_swarm = wake_swarm(&ctx, &swarm, &passive, &mut w, report, t0).await?;
+    let alone = ctx
+        .send_rate("(a) to agents nobody waits for, nobody waiting", &passive)
+        .await?;
+    let waking = wake_rearming(&ctx, &seeded_agents('r', WAKE_PAIRS)).await?;
+    for row in [&alone, &with_swarm, &waking] {
+        say!(
+            t0,
+            "wake: {}: {:.0} sends/s (DB), errors {}",
+            row.case,
+            row.per_s(),
+            row.errors
+        );
+    }
+    w.rates = vec![alone, with_swarm, waking];
+
+    // Wake-up pairs: one alone (the path's own latency), then
+    // WAKE_PAIRS at once; each pair has a waiter of its own.
+    let waiters = seeded_agents('p', 2 * WAKE_PAIRS + 1);
+    let waiting = wake::SendWhen::Waiting { grace: WAKE_GRACE };
+    let mut pair_rows = Vec::new();
+    for (waiters, rounds) in [
+        (&waiters[2 * WAKE_PAIRS..], mode.wake_rounds * 4),
+        (&waiters[..WAKE_PAIRS], mode.wake_rounds),
+    ] {
+        let (row, _) = wake_pairs(&ctx, waiters, rounds, WAKE_PAIR_WAIT, waiting).await?;
+        say!(
+            t0,
+            "wake: {}: {} samples, p50 {:.2} ms p99 {:.2} ms from the send; {}; errors {}",
+            row.short,
+            row.from_send.count,
+            row.from_send.p50,
+            row.from_send.p99,
+            row.once.describe(),
+            row.errors
+        );
+        pair_rows.push(row);
+    }
+    w.latency.splice(0..0, pair_rows);
+
+    // Racing pairs: sends that may land while the poll registers.
+    let racing = wake::SendWhen::Racing {
+        within: RACE_WITHIN,
+    };
+    let racers = &waiters[WAKE_PAIRS..2 * WAKE_PAIRS];
+    let (row, out) = wake_pairs(&ctx, racers, mode.wake_rounds / 4, RACE_WAIT, racing).await?;
+    say!(
+        t0,
+        "wake: racing sends: {} of {} long polls missed their wake-up; {}; errors {}",
+        out.missed_wakeups,
+        out.long_polls,
+        row.once.describe(),
+        row.errors
+    );
+    w.race = Some(RaceResult {
+        long_polls: out.long_polls,
+        missed: out.missed_wakeups,
+        stored_by: out.missed_stored_by,
+        once: row.once,
+        errors: row.errors,
+    });
+
+    report.wake = Some(w);
+    stop_replicas(ctx.replicas).await;
+    Ok(())
+}
+
+/// What the parts of the wake phase share.
+struct WakeCtx<'a> {
+    mode: &'a Mode,
+    admin: &'a tokio_postgres::Client,
+    /// The bench database, for counts (never used inside a quiet window).
+    wdb: tokio_postgres::Client,
+    replicas: Vec<Replica>,
+    tg: Vec<Target>,
+    rows: Arc<db::WaiterRows>,
+    notifications: db::NotifyCounter,
+    /// The closed-loop senders (s-agents), also the swarm's deliverers.
+    senders: Vec<Agent>,
+    swarm_ids: Vec<i64>,
+    postmaster: u32,
+    hz: f64,
+}
+
+impl WakeCtx<'_> {
+    /// VmRSS summed over the replicas, now.
+    fn server_rss_kb(&self) -> u64 {
+        self.replicas
+            .iter()
+            .filter_map(|r| stats::mem(r.pid))
+            .map(|m| m.rss_kb)
+            .sum()
+    }
+
+    /// Closed-loop sends from the s-agents to `recipients`; counted from
+    /// the database, with PostgreSQL's wait events sampled alongside.
+    async fn send_rate(
+        &self,
+        case: &'static str,
+        recipients: &[String],
+    ) -> Result<SendRateRow, String> {
+        let mode = self.mode;
+        let pgss = db::statements_reset(self.admin).await.is_ok();
+        let notified = self.notifications.count();
+        let start = tokio::time::Instant::now();
+        let wall0 = chrono::Utc::now();
+        let from = start + mode.wake_warmup;
+        let (out, waits) = tokio::join!(
+            wake::sends(
+                &self.tg,
+                &self.senders,
+                recipients,
+                start,
+                mode.wake_warmup,
+                mode.wake_window
+            ),
+            db::wait_events(
+                self.admin,
+                DB_WAKE,
+                WAIT_SAMPLE_EVERY,
+                from,
+                from + mode.wake_window
+            ),
+        );
+        let statements: Option<i64> = if pgss {
+            db::statements(self.admin, DB_WAKE)
+                .await
+                .ok()
+                .map(|xs| xs.iter().map(|x| x.calls).sum())
+        } else {
+            None
+        };
+        let notifications = self.notifications.settled_count().await - notified;
+        let senders = names_of(&self.senders);
+        let (all_sent, _) =
+            db::count_window(&self.wdb, &senders, wall0, chrono::Utc::now()).await?;
+        let from = wall0 + chrono::Duration::from_std(mode.wake_warmup).unwrap();
+        let to = from + chrono::Duration::from_std(mode.wake_window).unwrap();
+        let (sent_db, _) = db::count_window(&self.wdb, &senders, from, to).await?;
+        Ok(SendRateRow {
+            case,
+            secs: mode.wake_window.as_secs_f64(),
+            sent_db,
+            sends_ok: out.ok,
+            lat: out.lat.summary(),
+            errors: out.errors.describe(),
+            error_count: out.errors.total(),
+            receivers: String::new(),
+            waits,
+            statements_per_send: statements.map(|n| n as f64 / all_sent.max(1) as f64),
+            notifications,
+            all_sent,
+        })
+    }
+
+    /// Statements, commits, CPU and memory over a window in which nothing
+    /// happens but the long polls that may be waiting.
+    async fn quiet_window(&self, case: String) -> QuietRow {
+        let waiting = || async { self.rows.waiting(&self.swarm_ids).await.unwrap_or(-1) };
+        let before = waiting().await;
+        let pgss = db::statements_reset(self.admin).await.is_ok();
+        let reset_at = Instant::now();
+        let from = tokio::time::Instant::now() + Duration::from_millis(20);
+        let (cpu, counters) = sample_window(
+            self.admin,
+            DB_WAKE,
+            &pids(&self.replicas),
+            self.postmaster,
+            &[],
+            from,
+            from + self.mode.wake_window,
+            self.hz,
+        )
+        .await;
+        let stmt_secs = reset_at.elapsed().as_secs_f64();
+        let mut stmts = if pgss {
+            db::statements(self.admin, DB_WAKE)
+                .await
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let rss_kb = self.server_rss_kb();
+        let after = waiting().await;
+        stmts.sort_by_key(|x| std::cmp::Reverse(x.calls));
+        QuietRow {
+            case,
+            waiting: (before, after),
+            stmt_secs,
+            statements: stmts.iter().map(|x| x.calls).sum(),
+            top: stmts
+                .iter()
+                .take(3)
+                .map(|x| (x.kind(), shorten(&x.query, 80), x.calls))
+                .collect(),
+            commits: counters.commits,
+            cpu,
+            rss_kb,
+        }
+    }
+}
+
+/// The swarm: `WAKE_SWARM` long polls; the quiet window while they wait;
+/// (b), sends to `passive` agents beside them; then one message each, and
+/// every poll must end with it. Returns the (b) row.
+async fn wake_swarm(
+    ctx: &WakeCtx<'_>,
+    swarm: &[Agent],
+    passive: &[String],
+    w: &mut WakeReport,
+    report: &mut Report,
+    t0: Instant,
+) -> Result<SendRateRow, String> {
+    use tokio::time::Instant as TInstant;
+    let armed = TInstant::now();
+    let mut armed_swarm = wake::arm_swarm(
+        &ctx.tg,
+        swarm,
+        WAKE_SWARM_WAIT,
+        WAKE_ARM_EVERY,
+        armed + Duration::from_secs(20),
+    )
+    .await;
+    // One connection attempt per agent: each error is one agent not waiting.
+    let mut errors = std::mem::take(&mut armed_swarm.open_errors);
+    w.swarm_opened = swarm.len() - errors.total() as usize;
+    let waiting = ctx
+        .rows
+        .until_waiting(
+            &ctx.swarm_ids,
+            Duration::from_millis(100),
+            armed_swarm.armed_by + Duration::from_secs(10),
+        )
+        .await?;
+    w.swarm_armed_secs = armed.elapsed().as_secs_f64();
+    say!(
+        t0,
+        "wake: {waiting} of {} agents waiting after {:.1} s",
+        swarm.len(),
+        w.swarm_armed_secs
+    );
+    // Let the arming's statements and stats settle before measuring.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let loaded = ctx
+        .quiet_window(format!(
+            "{} agents waiting (wait_seconds {WAKE_SWARM_WAIT})",
+            swarm.len()
+        ))
+        .await;
+    say!(
+        t0,
+        "wake: with {} waiting {:.1} statements/s, PostgreSQL {:.3} cores",
+        loaded.waiting.1,
+        loaded.statements_per_s(),
+        loaded.cores(loaded.cpu.postgres)
+    );
+    w.quiet.push(loaded);
+    for rep in &ctx.replicas {
+        report.mem.push(MemRow {
+            role: rep.role.clone(),
+            idle: rep.idle,
+            loaded: stats::mem(rep.pid).unwrap_or_default(),
+            phase: format!(
+                "~{} of {} long polls waiting",
+                swarm.len() / ctx.replicas.len(),
+                swarm.len()
+            ),
+        });
+    }
+
+    let mut with_swarm = ctx
+        .send_rate(
+            "(b) to agents nobody waits for, while 1,000 others wait",
+            passive,
+        )
+        .await?;
+    with_swarm.receivers = format!(
+        "{} of the swarm still waiting after",
+        ctx.rows.waiting(&ctx.swarm_ids).await?
+    );
+
+    let names = names_of(swarm);
+    let notified = ctx.notifications.count();
+    let (delivered, deliver_errors) = wake::deliver(
+        &ctx.tg,
+        &ctx.senders,
+        &names,
+        load::BODY,
+        TInstant::now() + Duration::from_secs(20),
+    )
+    .await;
+    errors.merge(deliver_errors);
+    let ended = armed_swarm
+        .finish(TInstant::now() + Duration::from_secs(WAKE_SWARM_WAIT + 5))
+        .await;
+    let notifications = ctx.notifications.settled_count().await - notified;
+    // Each waiter's task owned its connection: all closed by now.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    w.rss_after_swarm_kb = ctx.server_rss_kb();
+
+    let mut row = WakeLatRow {
+        case: format!(
+            "{} agents waiting, one message each ({} senders at once, replicas round robin)",
+            swarm.len(),
+            ctx.senders.len()
+        ),
+        short: format!("{} waiting agents sent one message each", swarm.len()),
+        notifications,
+        ..WakeLatRow::default()
+    };
+    let mut send = stats::Lat::default();
+    let mut from_send = stats::Lat::default();
+    let mut from_response = stats::Lat::default();
+    let (mut sent_ids, mut received_ids) = (Vec::new(), Vec::new());
+    for ((sent, waiter), name) in delivered.iter().zip(&ended).zip(&names) {
+        let Some(waiter) = waiter else {
+            errors.add("wake", "no_answer", &format!("{name}: no response in time"));
+            continue;
+        };
+        match (&waiter.received, sent) {
+            (Err(e), _) => errors.add("phone_inbox", e.kind(), &e.to_string()),
+            (Ok(ids), _) if ids.is_empty() => w.swarm_timed_out += 1,
+            (Ok(ids), Some(d)) if ids == std::slice::from_ref(&d.id) => {
+                w.swarm_with_message += 1;
+                send.record(d.answered - d.sent);
+                from_send.record(waiter.answered.saturating_duration_since(d.sent));
+                from_response.record(waiter.answered.saturating_duration_since(d.answered));
+                row.answered_first += u64::from(waiter.answered < d.answered);
+            }
+            (Ok(ids), _) => errors.add("wake", "wrong_messages", &format!("{name}: {ids:?}")),
+        }
+        if let Ok(ids) = &waiter.received {
+            received_ids.extend(ids.iter().cloned());
+        }
+        sent_ids.extend(sent.as_ref().map(|d| d.id.clone()));
+    }
+    row.send = send.summary();
+    row.from_send = from_send.summary();
+    row.from_send_response = from_response.summary();
+    row.once = Once::check(
+        &sent_ids,
+        &received_ids,
+        db::addressed_to(&ctx.wdb, &ctx.swarm_ids).await?,
+    );
+    w.swarm_errors = errors.describe();
+    row.errors = errors.describe();
+    row.error_count = errors.total();
+    say!(
+        t0,
+        "wake: swarm: {} of {} polls ended with their message, {} timed out, errors {}",
+        w.swarm_with_message,
+        swarm.len(),
+        w.swarm_timed_out,
+        w.swarm_errors
+    );
+    w.latency.push(row);
+    Ok(with_swarm)
+}
+
+/// (c): sends to agents that wait in long polls on the next replica and
+/// re-arm as soon as a poll returns; then a last message each stops them.
+async fn wake_rearming(ctx: &WakeCtx<'_>, waiters: &[Agent]) -> Result<SendRateRow, String> {
+    use tokio::time::Instant as TInstant;
+    let names = names_of(waiters);
+    let ids = db::ids_by_name(&ctx.wdb, &names).await?;
+    let mode = ctx.mode;
+    let hard_stop = TInstant::now()
+        + mode.wake_warmup
+        + mode.wake_window
+        + Duration::from_secs(REARM_WAIT + 20);
+    let tasks = wake::rearming(&ctx.tg, waiters, REARM_WAIT, hard_stop);
+    ctx.rows
+        .until_waiting(
+            &ids,
+            Duration::from_millis(10),
+            TInstant::now() + Duration::from_secs(5),
+        )
+        .await?;
+    let mut row = ctx
+        .send_rate(
+            "(c) to agents waiting in long polls (each send wakes one; it re-arms)",
+            &names,
+        )
+        .await?;
+    // Every send was answered: a last message each ends their current
+    // wait; they then drain what is left and stop.
+    let (last, last_errors) = wake::deliver(
+        &ctx.tg,
+        &ctx.senders,
+        &names,
+        wake::LAST_BODY,
+        TInstant::now() + Duration::from_secs(10),
+    )
+    .await;
+    let end_by = TInstant::now() + Duration::from_secs(REARM_WAIT + 10);
+    let mut out = wake::join_rearming(tasks, end_by).await;
+    out.errors.merge(last_errors);
+    // The closed loop keeps no sent ids: exactly once is what the polls
+    // returned (no duplicates) against the database's count, none unread.
+    let once = Once::check(
+        &out.received_ids,
+        &out.received_ids,
+        db::addressed_to(&ctx.wdb, &ids).await?,
+    );
+    row.receivers = format!(
+        "{} long polls, {} of them missed a wake-up (waited {REARM_WAIT} s, returned nothing); {} stored, {} returned, {} duplicates, {} unread (incl. {} last messages); waiter errors {}",
+        out.long_polls,
+        out.empty_long_polls,
+        once.stored,
+        once.received,
+        once.duplicates,
+        once.unread,
+        last.iter().flatten().count(),
+        out.errors.describe()
+    );
+    if !once.ok() {
+        row.error_count += 1;
+        row.errors = format!("{} + not delivered exactly once", row.errors);
+    }
+    if out.empty_long_polls > 0 {
+        row.error_count += out.empty_long_polls;
+        row.errors = format!("{} + {} missed wake-ups", row.errors, out.empty_long_polls);
+    }
+    row.error_count += out.errors.total();
+    Ok(row)
+}
+
+/// Wake-up pairs, in parallel, one per waiter (the senders are the
+/// s-agents): waiter on replica k+1, sender on replica k. Also returns the
+/// number of long polls.
+async fn wake_pairs(
+    ctx: &WakeCtx<'_>,
+    waiters: &[Agent],
+    rounds: usize,
+    wait_seconds: u64,
+    send_when: wake::SendWhen,
+) -> Result<(WakeLatRow, wake::PairsOutcome), String> {
+    let ids = db::ids_by_name(&ctx.wdb, &names_of(waiters)).await?;
+    let pairs: Vec<wake::Pair> = waiters
+        .iter()
+        .zip(&ctx.senders)
+        .zip(&ids)
+        .map(|((waiter, sender), &waiter_id)| wake::Pair {
+            sender: sender.clone(),
+            waiter: waiter.clone(),
+            waiter_id,
+        })
+        .collect();
+    let plan = wake::PairPlan {
+        rounds,
+        wait_seconds,
+        send_when,
+        deadline: tokio::time::Instant::now() + ctx.mode.wake_pairs_secs,
+    };
+    let notified = ctx.notifications.count();
+    let out = wake::pairs(&ctx.tg, &pairs, ctx.rows.clone(), plan).await;
+    let notifications = ctx.notifications.settled_count().await - notified;
+    let once = Once::check(
+        &out.sent_ids,
+        &out.received_ids,
+        db::addressed_to(&ctx.wdb, &ids).await?,
+    );
+    let (case, short) = match pairs.len() {
+        1 => (
+            "1 pair alone: poll waiting on replica 2, send through replica 1".to_owned(),
+            "wake-up across replicas (1 pair alone)".to_owned(),
+        ),
+        n => (
+            format!("{n} pairs in parallel: poll waiting on replica k+1, send through replica k"),
+            format!("wake-up across replicas ({n} pairs in parallel)"),
+        ),
+    };
+    let row = WakeLatRow {
+        case,
+        short,
+        send: out.send.summary(),
+        from_send: out.from_send.summary(),
+        from_send_response: out.from_send_response.summary(),
+        answered_first: out.poll_answered_first,
+        notifications,
+        once,
+        errors: out.errors.describe(),
+        error_count: out.errors.total(),
+    };
+    Ok((row, out))
 }
 
 // ---------------------------------------------------------------------------
@@ -1318,11 +2099,14 @@ fn render(
     );
     let _ = writeln!(
         w,
-        "- Phase lengths: mix {} s measured after {:.1} s warm-up; pgbench {} s; search {:.1} s per category.",
+        "- Phase lengths: mix {} s measured after {:.1} s warm-up; pgbench {} s; search {:.1} s per category; long polls: {:.1} s windows and sends ({:.1} s warm-up), up to {} rounds per wake-up pair.",
         mode.measure.as_secs(),
         mode.warmup.as_secs_f64(),
         mode.pgbench_secs,
-        mode.search_secs.as_secs_f64()
+        mode.search_secs.as_secs_f64(),
+        mode.wake_window.as_secs_f64(),
+        mode.wake_warmup.as_secs_f64(),
+        mode.wake_rounds
     );
     let _ = writeln!(
         w,
@@ -1429,6 +2213,61 @@ fn render(
                 pa.1,
                 pb.1,
                 verdict(pb.0 / pa.0.max(1e-9) <= 1.3)
+            );
+        }
+    }
+    if let Some(wk) = &r.wake {
+        for x in &wk.latency {
+            let _ = writeln!(
+                w,
+                "| long polls, {}: every message delivered exactly once, 0 errors (no latency target set) | {} samples, p50 {:.1} ms, p99 {:.1} ms from the send going out; {}; {} errors | {} |",
+                x.short,
+                x.from_send.count,
+                x.from_send.p50,
+                x.from_send.p99,
+                x.once.describe(),
+                x.error_count,
+                verdict(x.once.ok() && x.error_count == 0 && x.from_send.count > 0)
+            );
+        }
+        if let Some(race) = &wk.race {
+            let _ = writeln!(
+                w,
+                "| long polls wake for mail sent while they register (README: \"waits until a message for this agent arrives\") | {}; {}; errors {} | {} |",
+                race.describe(),
+                race.once.describe(),
+                race.errors,
+                verdict(race.missed == 0 && race.once.ok() && race.long_polls > 0)
+            );
+        }
+        if let [idle, waiting] = &wk.quiet[..] {
+            let all_waiting =
+                waiting.waiting.0 == WAKE_SWARM as i64 && waiting.waiting.1 == WAKE_SWARM as i64;
+            let _ = writeln!(
+                w,
+                "| {WAKE_SWARM} waiting agents cost no queries (README: \"a waiting agent costs no queries\") | {:.1} statements/s with {} of {WAKE_SWARM} waiting vs {:.1} idle; PostgreSQL {:.3} vs {:.3} cores | {} |",
+                waiting.statements_per_s(),
+                waiting.waiting.1,
+                idle.statements_per_s(),
+                waiting.cores(waiting.cpu.postgres),
+                idle.cores(idle.cpu.postgres),
+                // Half a statement a second of slack: the two windows' edges.
+                verdict(all_waiting && waiting.statements_per_s() <= idle.statements_per_s() + 0.5)
+            );
+        }
+        if let [alone, beside, ..] = &wk.rates[..] {
+            // Judged on notifications, not on the rate: the rate is as noisy
+            // as the machine (±30% between runs here), the count is not.
+            let errors = alone.error_count + beside.error_count;
+            let _ = writeln!(
+                w,
+                "| sends to agents nobody waits for do not notify while {WAKE_SWARM} others wait (README: a send notifies only when its recipient is waiting) | {} notifications for {} sends; rate {:.2}× of the rate with nobody waiting ({:.0} vs {:.0} sends/s); {errors} errors | {} |",
+                beside.notifications,
+                beside.all_sent,
+                beside.per_s() / alone.per_s().max(1e-9),
+                beside.per_s(),
+                alone.per_s(),
+                verdict(beside.notifications == 0 && beside.all_sent > 0 && errors == 0)
             );
         }
     }
@@ -1746,8 +2585,12 @@ fn render(
         }
     }
 
+    if let Some(wk) = &r.wake {
+        render_wake(w, wk, opts, mode);
+    }
+
     if !r.mem.is_empty() {
-        let _ = writeln!(w, "\n## 6. Memory per replica\n");
+        let _ = writeln!(w, "\n## 7. Memory per replica\n");
         let _ = writeln!(
             w,
             "From /proc/PID/status. Idle: after start-up (migrations), `/health` and one MCP handshake, 1 s later. Loaded: at the end of the phases named, VmHWM is the peak.\n"
@@ -1770,4 +2613,168 @@ fn render(
         }
     }
     s
+}
+
+fn render_wake(w: &mut String, wk: &WakeReport, opts: &Opts, mode: &Mode) {
+    let _ = writeln!(
+        w,
+        "\n## 6. Long polls: wake-ups across replicas, sends beside waiters, the cost of waiting\n"
+    );
+    let _ = writeln!(
+        w,
+        "{WAKE_REPLICAS} replicas (PHONE_POOL_SIZE={} each, one LISTEN connection each), their own database; agents bulk-inserted with known tokens (not through the API). A long poll is `phone_inbox {{wait_seconds, limit: 100}}`; the server adds a row to `inbox_waiters` once its first poll found nothing, polls once more, then sleeps until its replica's LISTEN connection relays a `pg_notify` for it. The bench listens on the same channel from a connection of its own, to count notifications (one more listener for PostgreSQL to signal).\n",
+        opts.pool_size
+    );
+
+    let _ = writeln!(w, "### Wake-up latency\n");
+    let _ = writeln!(
+        w,
+        "Pairs: the waiter calls `phone_inbox {{wait_seconds: {WAKE_PAIR_WAIT}}}` on replica k+1 (its own keep-alive connection); the sender's side checks `inbox_waiters` over SQL every {} ms until the waiter's row is there, waits {} ms more (the poll's re-check after adding its row is then over), then calls `phone_send` on replica k. Latency runs from the send request going out (or from its response arriving) to the waiting poll's response, holding that message, arriving; both clocks are the load generator's. A poll answered before its send's own response counts 0 in the second column. `the send itself`: every send here notifies, and PostgreSQL serialises notifying commits (NOTIFY takes one database-wide lock at commit and holds it through the commit's WAL flush), so sends that wake someone at the same time queue behind each other: compare the pair alone with the pairs in parallel. Each of the {WAKE_PAIRS} pairs in parallel does {} rounds, the pair alone 4 times as many, each within {} s at most. `notifications per send`: what a LISTEN connection of the bench on the server's channel received while the case ran, ÷ its sends: 1.00 means every send saw its recipient's waiter row and notified. The swarm row: the {WAKE_SWARM} agents of the load test below, each sent one message by {WAKE_PAIRS} senders at once (replicas round robin, so two thirds cross replicas). Exactly once: ids the sends returned against ids the polls returned, and the database's count of messages to these agents, none left unread.\n",
+        wake::ROW_POLL.as_millis(),
+        WAKE_GRACE.as_millis(),
+        mode.wake_rounds,
+        mode.wake_pairs_secs.as_secs()
+    );
+    let _ = writeln!(
+        w,
+        "| case | samples | from send out: p50 / p90 / p99 / max ms | from send response: p50 / p90 / p99 / max ms | the send itself: p50 / p99 ms | polls answered before the send's response | notifications per send | exactly once | errors |"
+    );
+    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|");
+    for x in &wk.latency {
+        let (a, b) = (&x.from_send, &x.from_send_response);
+        let _ = writeln!(
+            w,
+            "| {} | {} | {:.2} / {:.2} / {:.2} / {:.1} | {:.2} / {:.2} / {:.2} / {:.1} | {:.2} / {:.2} | {} | {:.2} | {}: {} | {} |",
+            x.case,
+            a.count,
+            a.p50,
+            a.p90,
+            a.p99,
+            a.max,
+            b.p50,
+            b.p90,
+            b.p99,
+            b.max,
+            x.send.p50,
+            x.send.p99,
+            x.answered_first,
+            x.notifications as f64 / x.once.sent.max(1) as f64,
+            if x.once.ok() { "yes" } else { "**no**" },
+            x.once.describe(),
+            x.errors
+        );
+    }
+
+    if let Some(race) = &wk.race {
+        let _ = writeln!(
+            w,
+            "\nSends racing the poll's registration: {WAKE_PAIRS} other pairs, the same way but with `wait_seconds: {RACE_WAIT}`, and each send going out at a random moment 0–{} ms after its poll, without looking at `inbox_waiters` (a long poll polls, adds its row, polls again, then sleeps; a send notifies only if its statement sees the row). A round whose poll did not return its message ends by taking it with a poll that does not wait. **{}**. Exactly once: {}; errors: {}.",
+            RACE_WITHIN.as_millis(),
+            race.describe(),
+            race.once.describe(),
+            race.errors
+        );
+    }
+
+    let _ = writeln!(w, "\n### Send rate with and without waiters\n");
+    let _ = writeln!(
+        w,
+        "{WAKE_PAIRS} closed-loop senders, each on its own connection (replicas round robin), each to its own recipient, one send after another. Sends per second from the database (messages of these senders with `sent_at` in the measured window), not from responses. `statements per send`: every statement the database ran (pg_stat_statements, the recipients' polls included) over the warm-up and the window, ÷ the sends stored meanwhile (below 1 when the server writes several sends in one statement). `notifications per send`: what a LISTEN connection of the bench on the server's channel received over the same time, ÷ the same sends. `PostgreSQL backends by wait`: pg_stat_activity of the bench database sampled every {} ms over the window, active backends per wait event on average (`CPU`: none, running or runnable; `Lock:object` is the lock NOTIFY takes at commit, held until the commit is flushed). (b) runs while the {WAKE_SWARM} agents of the next table wait (their recipients are others, so no send notifies); (a) right after, once they got their messages; (c) to {WAKE_PAIRS} agents that wait in long polls on the next replica and start the next one as soon as one returns: a send that finds its recipient's waiter row notifies and wakes it; one that arrives while the recipient is between polls is taken by its next poll without waiting.\n",
+        WAIT_SAMPLE_EVERY.as_millis()
+    );
+    let _ = writeln!(
+        w,
+        "| sends | sends/s (DB) | × (a) | send p50 / p90 / p99 ms | send responses (window) | errors | statements per send | notifications per send | PostgreSQL backends by wait | receiving side |"
+    );
+    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|");
+    let base = wk
+        .rates
+        .iter()
+        .find(|x| x.case.starts_with("(a)"))
+        .map_or(0.0, SendRateRow::per_s);
+    let mut rows: Vec<&SendRateRow> = wk.rates.iter().collect();
+    rows.sort_by_key(|x| x.case);
+    for x in rows {
+        let waits: Vec<String> = x
+            .waits
+            .iter()
+            .filter(|(_, n)| *n >= 0.05)
+            .take(4)
+            .map(|(what, n)| format!("{what} {n:.1}"))
+            .collect();
+        let _ = writeln!(
+            w,
+            "| {} | {:.0} | {:.2}× | {:.2} / {:.2} / {:.2} | {} | {} | {} | {:.2} | {} | {} |",
+            x.case,
+            x.per_s(),
+            x.per_s() / base.max(1e-9),
+            x.lat.p50,
+            x.lat.p90,
+            x.lat.p99,
+            x.sends_ok,
+            x.errors,
+            x.statements_per_send
+                .map_or("—".into(), |n| format!("{n:.2}")),
+            x.notifications as f64 / x.all_sent.max(1) as f64,
+            waits.join(", "),
+            if x.receivers.is_empty() {
+                "—"
+            } else {
+                &x.receivers
+            }
+        );
+    }
+
+    let _ = writeln!(w, "\n### What {WAKE_SWARM} waiting agents cost\n");
+    let _ = writeln!(
+        w,
+        "{WAKE_SWARM} agents, each on its own HTTP/1.1 keep-alive connection with its own `initialize` (replicas round robin, ~{} per replica), each in `phone_inbox {{wait_seconds: {WAKE_SWARM_WAIT}}}`; polls started one every {} ms. {} connections opened; all rows in `inbox_waiters` {:.1} s after the first poll. Then, after 1 s to settle, a window of the same length as the idle one measured before the swarm (replicas up, nobody waiting): statements from pg_stat_statements of the bench database (reset at the window's start, read at its end, no bench queries in between), commits from pg_stat_database (backends report them lazily, up to seconds late, so commits of the arming may show up), CPU from /proc (PostgreSQL: the postmaster and all its backends; server: the {WAKE_REPLICAS} replicas), RSS summed over the replicas at the end of the window. Afterwards each waiting agent was sent one message: {} polls ended with their message, {} timed out, errors: {}.\n",
+        WAKE_SWARM / WAKE_REPLICAS,
+        WAKE_ARM_EVERY.as_millis(),
+        wk.swarm_opened,
+        wk.swarm_armed_secs,
+        wk.swarm_with_message,
+        wk.swarm_timed_out,
+        wk.swarm_errors
+    );
+    let _ = writeln!(
+        w,
+        "| window | waiting (start → end) | statements/s | commits/s | PostgreSQL CPU (cores) | server CPU (cores) | server RSS MB | other CPU (cores) | statements seen |"
+    );
+    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|");
+    for q in &wk.quiet {
+        let top: Vec<String> = q
+            .top
+            .iter()
+            .map(|(kind, text, calls)| format!("{calls}× {kind} `{text}`"))
+            .collect();
+        let _ = writeln!(
+            w,
+            "| {} ({:.1} s) | {} → {} | {:.1} | {:.1} | {:.3} | {:.3} | {:.1} | {:.2} | {} |",
+            q.case,
+            q.cpu.wall,
+            q.waiting.0,
+            q.waiting.1,
+            q.statements_per_s(),
+            q.commits as f64 / q.cpu.wall.max(1e-9),
+            q.cores(q.cpu.postgres),
+            q.cores(q.cpu.server),
+            mb(q.rss_kb),
+            q.cores(q.cpu.other()),
+            if top.is_empty() {
+                "none".into()
+            } else {
+                top.join("; ")
+            }
+        );
+    }
+    if let [idle, waiting] = &wk.quiet[..] {
+        let per_waiter = (waiting.rss_kb as f64 - idle.rss_kb as f64) / WAKE_SWARM as f64;
+        let _ = writeln!(
+            w,
+            "\nServer memory per waiting agent (its connection, its session and the waiting call): **{per_waiter:.1} KB** (RSS with the swarm − idle RSS, ÷ {WAKE_SWARM}). Once the swarm had its messages and its connections were closed, the replicas' RSS was {:.1} MB (idle: {:.1} MB).",
+            mb(wk.rss_after_swarm_kb),
+            mb(idle.rss_kb)
+        );
+    }
 }

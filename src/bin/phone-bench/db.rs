@@ -427,18 +427,204 @@ pub async fn seed_directory(db: &Client, from: i64, to: i64) -> Result<(), Strin
     Ok(())
 }
 
-/// `n` mailbox owners for the growth test, named g-1..g-n, tokens known.
-pub async fn seed_mailbox_agents(db: &Client, n: i64) -> Result<i64, String> {
+/// `n` agents named `{prefix}-1` … `{prefix}-n` in `project`, with tokens
+/// `seeded_token(prefix, g)`: registered in one statement instead of `n`
+/// calls of `phone_register`.
+pub async fn seed_agents(db: &Client, prefix: char, project: &str, n: i64) -> Result<(), String> {
     db.execute(
         "INSERT INTO agents (name, description, project, token_hash)
-         SELECT 'g-' || g, 'Growth test agent ' || g || ': reads its inbox in a loop.', 'growth',
-                sha256(convert_to('phn_g' || lpad(g::text, 42, '0'), 'UTF8'))
-         FROM generate_series(1, $1::bigint) g",
-        &[&n],
+         SELECT $1 || '-' || g, 'Benchmark agent ' || g || ' of ' || $2 || ': reads its inbox in a loop.', $2,
+                sha256(convert_to('phn_' || $1 || lpad(g::text, 42, '0'), 'UTF8'))
+         FROM generate_series(1, $3::bigint) g",
+        &[&prefix.to_string(), &project, &n],
     )
     .await
-    .map_err(|e| format!("seed agents: {}", pg_err(&e)))?;
+    .map_err(|e| format!("seed agents {prefix}-*: {}", pg_err(&e)))?;
+    Ok(())
+}
+
+/// `n` mailbox owners for the growth test, named g-1..g-n, tokens known.
+pub async fn seed_mailbox_agents(db: &Client, n: i64) -> Result<i64, String> {
+    seed_agents(db, 'g', "growth", n).await?;
     scalar_i64(db, "SELECT min(id) FROM agents WHERE project = 'growth'").await
+}
+
+/// Agent ids in the order of `names`.
+pub async fn ids_by_name(db: &Client, names: &[String]) -> Result<Vec<i64>, String> {
+    let rows = db
+        .query(
+            "SELECT n.id FROM unnest($1::text[]) WITH ORDINALITY AS x(name, i)
+             LEFT JOIN agents n ON n.name = x.name ORDER BY x.i",
+            &[&names],
+        )
+        .await
+        .map_err(|e| format!("agent ids: {}", pg_err(&e)))?;
+    rows.iter()
+        .zip(names)
+        .map(|(r, n)| {
+            r.get::<_, Option<i64>>(0)
+                .ok_or_else(|| format!("agent {n} not found"))
+        })
+        .collect()
+}
+
+/// Looks into `inbox_waiters`, the table a long poll adds its row to once
+/// it has found nothing and is about to wait (one prepared statement).
+pub struct WaiterRows {
+    client: Client,
+    count: tokio_postgres::Statement,
+}
+
+impl WaiterRows {
+    pub async fn connect(url: &str) -> Result<Self, String> {
+        let client = connect(url).await?;
+        let count = client
+            .prepare(
+                "SELECT count(DISTINCT agent_id) FROM inbox_waiters
+                 WHERE agent_id = ANY($1) AND expires_at > now()",
+            )
+            .await
+            .map_err(|e| format!("prepare waiter count: {}", pg_err(&e)))?;
+        Ok(Self { client, count })
+    }
+
+    /// How many of `agent_ids` have a live waiter row.
+    pub async fn waiting(&self, agent_ids: &[i64]) -> Result<i64, String> {
+        self.client
+            .query_one(&self.count, &[&agent_ids])
+            .await
+            .map(|r| r.get(0))
+            .map_err(|e| format!("count waiters: {}", pg_err(&e)))
+    }
+
+    /// Polls every `every` until all of `agent_ids` wait, or `deadline`.
+    /// Returns how many waited at the last look.
+    pub async fn until_waiting(
+        &self,
+        agent_ids: &[i64],
+        every: Duration,
+        deadline: tokio::time::Instant,
+    ) -> Result<i64, String> {
+        let mut n = 0;
+        for _ in 0..100_000 {
+            n = self.waiting(agent_ids).await?;
+            if n >= agent_ids.len() as i64 || tokio::time::Instant::now() + every > deadline {
+                break;
+            }
+            tokio::time::sleep(every).await;
+        }
+        Ok(n)
+    }
+}
+
+/// What the active backends of `database` wait on, sampled every `every`
+/// from `from` to `to` (pg_stat_activity): per wait event (`CPU` when none),
+/// the average number of backends in it, most first.
+pub async fn wait_events(
+    admin: &Client,
+    database: &str,
+    every: Duration,
+    from: tokio::time::Instant,
+    to: tokio::time::Instant,
+) -> Vec<(String, f64)> {
+    let mut totals: std::collections::BTreeMap<String, i64> = Default::default();
+    let mut samples = 0i64;
+    tokio::time::sleep_until(from).await;
+    for _ in 0..100_000 {
+        if tokio::time::Instant::now() >= to {
+            break;
+        }
+        let Ok(rows) = admin
+            .query(
+                "SELECT coalesce(wait_event_type || ':' || wait_event, 'CPU'), count(*)
+                 FROM pg_stat_activity
+                 WHERE datname = $1 AND state = 'active' AND pid <> pg_backend_pid()
+                 GROUP BY 1",
+                &[&database],
+            )
+            .await
+        else {
+            break;
+        };
+        samples += 1;
+        for r in rows {
+            *totals.entry(r.get(0)).or_default() += r.get::<_, i64>(1);
+        }
+        tokio::time::sleep(every).await;
+    }
+    let mut out: Vec<(String, f64)> = totals
+        .into_iter()
+        .map(|(k, n)| (k, n as f64 / samples.max(1) as f64))
+        .collect();
+    out.sort_by(|a, b| b.1.total_cmp(&a.1));
+    out
+}
+
+/// Counts the notifications sent on a channel, from its own LISTEN
+/// connection (one more listener for PostgreSQL to signal).
+pub struct NotifyCounter {
+    received: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    _client: Client,
+    driver: tokio::task::JoinHandle<()>,
+}
+
+impl NotifyCounter {
+    pub async fn listen(url: &str, channel: &str) -> Result<Self, String> {
+        use futures_util::StreamExt;
+        let (client, mut connection) = tokio_postgres::connect(url, NoTls)
+            .await
+            .map_err(|e| format!("connect {url}: {}", pg_err(&e)))?;
+        let received = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counter = received.clone();
+        // Driving the connection also completes the LISTEN below.
+        let driver = tokio::spawn(async move {
+            let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(Ok(message)) = messages.next().await {
+                if let tokio_postgres::AsyncMessage::Notification(_) = message {
+                    counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        });
+        client
+            .batch_execute(&format!("LISTEN {channel}"))
+            .await
+            .map_err(|e| format!("LISTEN {channel}: {}", pg_err(&e)))?;
+        Ok(Self {
+            received,
+            _client: client,
+            driver,
+        })
+    }
+
+    /// Notifications received so far.
+    pub fn count(&self) -> u64 {
+        self.received.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The count once those of commits just made had time to arrive.
+    pub async fn settled_count(&self) -> u64 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        self.count()
+    }
+}
+
+impl Drop for NotifyCounter {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+/// Messages addressed to `recipient_ids`: (all, still unread).
+pub async fn addressed_to(db: &Client, recipient_ids: &[i64]) -> Result<(i64, i64), String> {
+    let row = db
+        .query_one(
+            "SELECT count(*), count(*) FILTER (WHERE read_at IS NULL)
+             FROM messages WHERE recipient_id = ANY($1)",
+            &[&recipient_ids],
+        )
+        .await
+        .map_err(|e| format!("count messages: {}", pg_err(&e)))?;
+    Ok((row.get(0), row.get(1)))
 }
 
 /// History messages g in [from, to] among `agents` agents starting at id

@@ -21,7 +21,7 @@ pub const BODY: &str = "Hi, the nightly report for project atlas is ready: 3 new
 payment retry, nothing urgent. Reply if you need the CSV.";
 
 /// Upper bound on calls per worker, whatever the clock says.
-const MAX_CALLS_PER_WORKER: u64 = 5_000_000;
+pub const MAX_CALLS_PER_WORKER: u64 = 5_000_000;
 
 #[derive(Clone, Debug)]
 pub struct Agent {
@@ -251,7 +251,9 @@ pub async fn no_db(
     (lat, errors)
 }
 
-async fn open_until(target: &Target, deadline: Instant, errors: &mut Errors) -> Option<Conn> {
+/// Opens a connection, retrying (bounded) until `deadline`; failures are
+/// tallied in `errors`.
+pub async fn open_until(target: &Target, deadline: Instant, errors: &mut Errors) -> Option<Conn> {
     for _ in 0..100 {
         match Conn::open(target).await {
             Ok(c) => return Some(c),

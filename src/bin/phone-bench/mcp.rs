@@ -12,7 +12,7 @@ use tokio::net::TcpStream;
 
 pub const PROTOCOL_VERSION: &str = "2025-11-25";
 /// Longest a single request may take before it counts as an error and the
-/// connection is replaced.
+/// connection is replaced (see `Conn::set_timeout` for long polls).
 const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One replica: where to connect and what to put in `Host`.
@@ -35,7 +35,7 @@ impl Target {
 pub enum CallError {
     Connect(String),
     Transport(String),
-    Timeout,
+    Timeout(Duration),
     Http(u16, String),
     JsonRpc(i64, String),
     Tool(String),
@@ -47,7 +47,7 @@ impl CallError {
         match self {
             Self::Connect(_) => "connect",
             Self::Transport(_) => "transport",
-            Self::Timeout => "timeout",
+            Self::Timeout(_) => "timeout",
             Self::Http(..) => "http_status",
             Self::JsonRpc(..) => "jsonrpc_error",
             Self::Tool(_) => "tool_error",
@@ -57,7 +57,10 @@ impl CallError {
 
     /// After these the connection's state is unknown: open a new one.
     pub fn needs_reconnect(&self) -> bool {
-        matches!(self, Self::Connect(_) | Self::Transport(_) | Self::Timeout)
+        matches!(
+            self,
+            Self::Connect(_) | Self::Transport(_) | Self::Timeout(_)
+        )
     }
 }
 
@@ -66,7 +69,7 @@ impl fmt::Display for CallError {
         match self {
             Self::Connect(e) => write!(f, "connect: {e}"),
             Self::Transport(e) => write!(f, "transport: {e}"),
-            Self::Timeout => write!(f, "no answer within {}s", TIMEOUT.as_secs()),
+            Self::Timeout(t) => write!(f, "no answer within {:.1}s", t.as_secs_f64()),
             Self::Http(s, body) => write!(f, "HTTP {s}: {body}"),
             Self::JsonRpc(c, m) => write!(f, "JSON-RPC error {c}: {m}"),
             Self::Tool(m) => write!(f, "tool error: {m}"),
@@ -80,6 +83,7 @@ pub struct Conn {
     sender: SendRequest<Full<Bytes>>,
     protocol: String,
     next_id: u64,
+    timeout: Duration,
 }
 
 impl Conn {
@@ -101,12 +105,13 @@ impl Conn {
         };
         let sender = tokio::time::timeout(TIMEOUT, connect)
             .await
-            .map_err(|_| CallError::Timeout)??;
+            .map_err(|_| CallError::Timeout(TIMEOUT))??;
         let mut conn = Self {
             target: target.clone(),
             sender,
             protocol: PROTOCOL_VERSION.to_owned(),
             next_id: 1,
+            timeout: TIMEOUT,
         };
         let init = conn
             .request(
@@ -124,6 +129,12 @@ impl Conn {
         }
         conn.notify("notifications/initialized").await?;
         Ok(conn)
+    }
+
+    /// Longest a request on this connection may take from now on (a long
+    /// poll waits up to 25 s by design).
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
     }
 
     /// The protocol version the server agreed to in `initialize`.
@@ -174,9 +185,10 @@ impl Conn {
                 .to_bytes();
             Ok((status, bytes, sse))
         };
-        tokio::time::timeout(TIMEOUT, exchange)
+        let timeout = self.timeout;
+        tokio::time::timeout(timeout, exchange)
             .await
-            .map_err(|_| CallError::Timeout)?
+            .map_err(|_| CallError::Timeout(timeout))?
     }
 
     /// One JSON-RPC request; returns its `result`.
@@ -278,9 +290,10 @@ impl Conn {
             let _ = resp.into_body().collect().await;
             Ok(status)
         };
-        tokio::time::timeout(TIMEOUT, exchange)
+        let timeout = self.timeout;
+        tokio::time::timeout(timeout, exchange)
             .await
-            .map_err(|_| CallError::Timeout)?
+            .map_err(|_| CallError::Timeout(timeout))?
     }
 }
 
@@ -300,6 +313,7 @@ pub async fn health(target: &Target) -> bool {
             sender,
             protocol: PROTOCOL_VERSION.into(),
             next_id: 1,
+            timeout: TIMEOUT,
         };
         conn.get("/health").await.ok()
     };

@@ -245,3 +245,16 @@ impl CpuProbe {
         }
     }
 }
+
+/// This process's soft limit on open files (`Max open files` in
+/// /proc/self/limits); `None` when unlimited or unreadable.
+pub fn open_files_limit() -> Option<u64> {
+    std::fs::read_to_string("/proc/self/limits")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("Max open files"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
