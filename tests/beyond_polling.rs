@@ -18,6 +18,109 @@ fn ids(v: &Value) -> Vec<String> {
         .collect()
 }
 
+/// A finished long poll removes its waiter row (just after answering).
+async fn assert_no_waiters_left(db: &tokio_postgres::Client) {
+    let mut waiters: i64 = -1;
+    for _ in 0..100 {
+        waiters = db
+            .query_one("SELECT count(*) FROM inbox_waiters", &[])
+            .await
+            .unwrap()
+            .get(0);
+        if waiters == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{waiters} waiter rows left behind");
+}
+
+async fn wait_until(db: &tokio_postgres::Client, what: &str, sql: &str) {
+    for _ in 0..250 {
+        if db.query_one(sql, &[]).await.unwrap().get::<_, bool>(0) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let activity: Vec<String> = db
+        .query(
+            "SELECT coalesce(wait_event_type, '-') || ' ' || coalesce(wait_event, '-') || ' ' || state || ' ' || left(regexp_replace(query, '\\s+', ' ', 'g'), 80)
+             FROM pg_stat_activity WHERE datname = current_database()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    panic!("timed out waiting until {what}; sessions: {activity:#?}");
+}
+
+/// The race a wake-up must not lose: a send whose statement began before
+/// the poll registered as a waiter, and which commits after the poll's own
+/// last look at the inbox. Neither saw the other in its own snapshot; the
+/// wake-up must still come (from a statement after the send's commit), not
+/// the end of the wait.
+#[tokio::test]
+async fn a_send_in_flight_while_the_poll_registers_still_wakes_it() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let a = register(&c, "alice", "A", "p").await;
+    let b = register(&c, "bob", "B", "p").await;
+    let mut db = app.db().await;
+    // The send's presence write will queue behind our lock on alice's row,
+    // with its snapshot already taken.
+    db.execute(
+        "UPDATE agents SET last_seen_at = NULL WHERE name = 'alice'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let lock = db.transaction().await.unwrap();
+    lock.execute("SELECT 1 FROM agents WHERE name = 'alice' FOR UPDATE", &[])
+        .await
+        .unwrap();
+    let sending = {
+        let c = app.client().await;
+        let args = a.with(json!({"to": "bob", "body": "in flight"}));
+        tokio::spawn(async move { ok(&c, "phone_send", args).await })
+    };
+    let watcher = app.db().await;
+    wait_until(
+        &watcher,
+        "the send waits for the row lock",
+        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                        WHERE wait_event_type = 'Lock' AND query LIKE '%unnest%')",
+    )
+    .await;
+    let waiting = {
+        let c = app.client().await;
+        let args = b.with(json!({"wait_seconds": 20}));
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let out = ok(&c, "phone_inbox", args).await;
+            (out, started.elapsed())
+        })
+    };
+    wait_until(
+        &watcher,
+        "the poll is registered",
+        "SELECT EXISTS (SELECT 1 FROM inbox_waiters)",
+    )
+    .await;
+    // Time for the poll's look after registering (it finds nothing: the
+    // send has not committed).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    lock.commit().await.unwrap();
+    let sent = sending.await.unwrap();
+    let (out, elapsed) = waiting.await.unwrap();
+    assert_eq!(ids(&out), [sent["id"].as_str().unwrap()]);
+    assert!(
+        elapsed < Duration::from_secs(10),
+        "slept through the wake-up: answered after {elapsed:?} of a 20 s wait"
+    );
+}
+
 #[tokio::test]
 async fn a_waiting_poll_on_one_replica_wakes_for_a_send_on_another() {
     let one = spawn_app().await;
@@ -31,12 +134,7 @@ async fn a_waiting_poll_on_one_replica_wakes_for_a_send_on_another() {
     let empty = ok(&c1, "phone_inbox", b.with(json!({"wait_seconds": 1}))).await;
     assert!(ids(&empty).is_empty());
     let db = one.db().await;
-    let waiters: i64 = db
-        .query_one("SELECT count(*) FROM inbox_waiters", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(waiters, 0);
+    assert_no_waiters_left(&db).await;
 
     let waiting = {
         let b_args = b.with(json!({"wait_seconds": 20}));
@@ -68,12 +166,7 @@ async fn a_waiting_poll_on_one_replica_wakes_for_a_send_on_another() {
     assert_eq!(ids(&out), [sent["id"].as_str().unwrap()]);
     // Woken by the notification, not by the end of the 20 s wait.
     assert!(elapsed < Duration::from_secs(15), "woke after {elapsed:?}");
-    let waiters: i64 = db
-        .query_one("SELECT count(*) FROM inbox_waiters", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(waiters, 0);
+    assert_no_waiters_left(&db).await;
 
     let err = tool_err(&c2, "phone_inbox", b.with(json!({"wait_seconds": 26}))).await;
     assert!(err.contains("from 0 to 25"), "{err}");

@@ -453,13 +453,22 @@ impl Phone {
                         if changed.is_err() { return Ok(latest); }
                     }
                     _ = tokio::time::sleep(recheck) => {}
-                    _ = tokio::time::sleep_until(deadline) => return Ok(latest),
+                    // One last look: a wake-up can be lost (a replica's
+                    // listener reconnecting, a failed NOTIFY), mail cannot.
+                    _ = tokio::time::sleep_until(deadline) => {
+                        return match self.poll(creds, req).await.map_err(|e| taken_hint(e, req))? {
+                            Some((_, last)) => Ok(last),
+                            None => Err(self.authentication_error(creds).await),
+                        };
+                    }
                     _ = self.shutdown.cancelled() => return Ok(latest),
                 }
             }
         }
         .await;
-        self.remove_waiter(waiter_id).await;
+        // Off the response's path: a stale row costs at most a spare NOTIFY.
+        let phone = self.clone();
+        tokio::spawn(async move { phone.remove_waiter(waiter_id).await });
         outcome
     }
 

@@ -34,6 +34,10 @@ const MAX_BATCH: usize = 64;
 pub(crate) trait Write: Send + Sync + 'static {
     type Item: Send + 'static;
     type Outcome: Send + 'static;
+    /// Work that must run in a statement after a batch's commit (wake-ups):
+    /// handed to the next batch of the same drain, or to `flush` when none
+    /// follows.
+    type Carry: Default + Send + 'static;
 
     /// Calls with the same key never share a statement (two polls of one
     /// inbox in one statement would take the same messages).
@@ -45,7 +49,13 @@ pub(crate) trait Write: Send + Sync + 'static {
     fn write(
         &self,
         items: &[Self::Item],
+        carry: &mut Self::Carry,
     ) -> impl Future<Output = Result<Vec<Self::Outcome>, StoreError>> + Send;
+
+    /// Runs what is carried when no batch follows.
+    fn flush(&self, _carry: &mut Self::Carry) -> impl Future<Output = ()> + Send {
+        async {}
+    }
 }
 
 type Reply<W> = oneshot::Sender<Result<<W as Write>::Outcome, PhoneError>>;
@@ -104,25 +114,31 @@ impl<W: Write> Batcher<W> {
     /// Writes batches until nobody waits.
     async fn drain(self, first_span: tracing::Span) {
         let mut span = Some(first_span);
+        let mut carry = W::Carry::default();
         loop {
             let batch = {
                 let mut queue = self.queue.lock().expect("batch queue lock");
-                if queue.waiting.is_empty() {
+                let batch = take_batch::<W>(&mut queue.waiting);
+                if batch.is_empty() {
                     queue.running -= 1;
-                    return;
                 }
-                take_batch::<W>(&mut queue.waiting)
+                batch
             };
             let span = span
                 .take()
                 .unwrap_or_else(|| tracing::info_span!("batch", size = batch.len()));
-            self.write(batch).instrument(span).await;
+            if batch.is_empty() {
+                // Callers are answered; this only follows up their commits.
+                self.writer.flush(&mut carry).instrument(span).await;
+                return;
+            }
+            self.write(batch, &mut carry).instrument(span).await;
         }
     }
 
-    async fn write(&self, batch: Vec<(W::Item, Reply<W>)>) {
+    async fn write(&self, batch: Vec<(W::Item, Reply<W>)>, carry: &mut W::Carry) {
         let (items, replies): (Vec<W::Item>, Vec<Reply<W>>) = batch.into_iter().unzip();
-        match self.writer.write(&items).await {
+        match self.writer.write(&items, carry).await {
             Ok(outcomes) => {
                 for (reply, outcome) in replies.into_iter().zip(outcomes) {
                     let _ = reply.send(Ok(outcome));
@@ -135,7 +151,7 @@ impl<W: Write> Batcher<W> {
                 for (item, reply) in items.into_iter().zip(replies) {
                     let outcome = self
                         .writer
-                        .write(std::slice::from_ref(&item))
+                        .write(std::slice::from_ref(&item), carry)
                         .await
                         .map_err(PhoneError::from)
                         .and_then(|mut one| one.pop().ok_or(PhoneError::Internal));

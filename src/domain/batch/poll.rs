@@ -33,6 +33,7 @@ pub(crate) struct PollWrite {
 impl Write for PollWrite {
     type Item = QueuedPoll;
     type Outcome = PollOutcome;
+    type Carry = ();
 
     /// Two polls of one inbox in one statement would lock the same rows
     /// (a transaction does not skip its own locks) and take the same messages.
@@ -40,7 +41,11 @@ impl Write for PollWrite {
         Some(item.token)
     }
 
-    async fn write(&self, polls: &[QueuedPoll]) -> Result<Vec<PollOutcome>, StoreError> {
+    async fn write(
+        &self,
+        polls: &[QueuedPoll],
+        _carry: &mut (),
+    ) -> Result<Vec<PollOutcome>, StoreError> {
         let client = self.pool.get().await?;
         let stmt = client.prepare_cached(&POLL_BATCH_SQL).await?;
         let tokens: Vec<&[u8]> = polls.iter().map(|p| p.token.as_bytes()).collect();

@@ -48,9 +48,15 @@ pub(crate) struct SendWrite {
 impl Write for SendWrite {
     type Item = QueuedSend;
     type Outcome = SendOutcome;
+    /// Recipients of committed sends whose waiters are yet to be woken.
+    type Carry = Vec<i64>;
 
     /// One statement for the whole batch; one outcome per send, in order.
-    async fn write(&self, sends: &[QueuedSend]) -> Result<Vec<SendOutcome>, StoreError> {
+    async fn write(
+        &self,
+        sends: &[QueuedSend],
+        to_wake: &mut Vec<i64>,
+    ) -> Result<Vec<SendOutcome>, StoreError> {
         let client = self.pool.get().await?;
         let stmt = client.prepare_cached(&SEND_BATCH_SQL).await?;
         let tokens: Vec<&[u8]> = sends.iter().map(|s| s.token.as_bytes()).collect();
@@ -67,10 +73,13 @@ impl Write for SendWrite {
                 &stmt,
                 &[
                     &tokens, &claimed, &to_names, &subjects, &bodies, &reply_tos, &threads, &keys,
-                    &to_ids,
+                    &to_ids, &*to_wake,
                 ],
             )
             .await?;
+        // This statement began after the previous batch committed: its
+        // wake-ups are done. This batch's own wait for a later statement.
+        to_wake.clear();
         let mut outcomes = vec![
             SendOutcome {
                 me_id: None,
@@ -87,6 +96,9 @@ impl Write for SendWrite {
                 continue;
             };
             outcome.me_id = row.get("me_id");
+            if let Some(recipient) = row.get::<_, Option<i64>>("recipient_id") {
+                to_wake.push(recipient);
+            }
             outcome.stored = row.get::<_, Option<i64>>("id").map(|id| Stored {
                 id,
                 thread_id: row.get("thread_id"),
@@ -95,18 +107,62 @@ impl Write for SendWrite {
         }
         Ok(outcomes)
     }
+
+    /// Wakes the waiters of what the last batch stored, in a statement that
+    /// began after its commit.
+    async fn flush(&self, to_wake: &mut Vec<i64>) {
+        if to_wake.is_empty() {
+            return;
+        }
+        let outcome = async {
+            let client = self.pool.get().await?;
+            let stmt = client.prepare_cached(&WAKE_SQL).await?;
+            client.query(&stmt, &[&*to_wake]).await?;
+            Ok::<_, StoreError>(())
+        }
+        .await;
+        to_wake.clear();
+        if let Err(e) = outcome {
+            // The waiters' own timeout still ends their wait.
+            tracing::warn!(error = %e, "could not wake waiting pollers");
+        }
+    }
 }
+
+/// Wakes the long polls of the given recipients: a NOTIFY where one
+/// waits (its `inbox_waiters` row), nothing otherwise, so sends nobody
+/// waits for pay no NOTIFY (NOTIFY serialises commits).
+///
+/// Why after the commit, in a later statement: a long poll registers its
+/// row, then looks for mail; a send inserts, then looks for waiters. Were
+/// both looks in the writing statement's own snapshot, a send that began
+/// before the row was committed and committed after the poll looked would
+/// be seen by neither side, and the poll would sleep through its mail
+/// (the wake phase of `make bench` caught 9 of 160). A statement that
+/// begins after the send's commit sees every row committed before the
+/// poll looked.
+fn wake_sql(recipients: &str) -> String {
+    format!(
+        "SELECT count(pg_notify('{CHANNEL}', r.agent_id::text)) AS n
+         FROM (SELECT DISTINCT agent_id FROM unnest((SELECT {recipients}::bigint[])) AS u(agent_id)) r
+         WHERE EXISTS (SELECT 1 FROM inbox_waiters w
+                       WHERE w.agent_id = r.agent_id AND w.expires_at > now())"
+    )
+}
+
+/// The wake-ups alone, when no batch follows: `$1` recipients.
+static WAKE_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| wake_sql("$1"));
 
 /// The batch send statement, built once. Arrays, one element per send:
 /// `$1` token digests, `$2` claimed names, `$3` recipient names, `$4`
 /// subjects, `$5` bodies, `$6` reply_to, `$7` threads, `$8` idempotency
-/// keys, `$9` recipient ids (replies). Each lookup is a LATERAL subquery
-/// with OFFSET 0, so it stays one index probe per send whatever the
-/// planner thinks of the array's size. A send nobody waits for pays no
-/// NOTIFY (NOTIFY serialises commits); one whose recipient waits in a long
-/// poll wakes it. The arrays sit in sub-selects so that no plan knows their
+/// keys, `$9` recipient ids (replies), `$10` recipients of the previous
+/// batch to wake. Each lookup is a LATERAL subquery with OFFSET 0, so it
+/// stays one index probe per send whatever the planner thinks of the
+/// array's size. The arrays sit in sub-selects so that no plan knows their
 /// length and the generic plan is used (see the poll batch).
 static SEND_BATCH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let wake_previous = wake_sql("$10");
     format!(
         "WITH req AS (
              SELECT * FROM unnest((SELECT $1::bytea[]), (SELECT $2::text[]), (SELECT $3::text[]),
@@ -145,12 +201,9 @@ static SEND_BATCH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
              FROM numbered n JOIN req r ON r.ord = n.ord
              ON CONFLICT (sender_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
              RETURNING id, thread_id, sent_at, recipient_id),
-         woken AS (
-             SELECT count(pg_notify('{CHANNEL}', i.recipient_id::text)) AS n
-             FROM (SELECT DISTINCT recipient_id FROM inserted) i
-             WHERE EXISTS (SELECT 1 FROM inbox_waiters w
-                           WHERE w.agent_id = i.recipient_id AND w.expires_at > now()))
-         SELECT rs.ord, rs.sender_id AS me_id, i.id, i.thread_id, i.sent_at, (SELECT n FROM woken) AS woke
+         woken AS ({wake_previous})
+         SELECT rs.ord, rs.sender_id AS me_id, i.id, i.thread_id, i.sent_at, i.recipient_id,
+                (SELECT n FROM woken) AS woke
          FROM resolved rs
          LEFT JOIN numbered n ON n.ord = rs.ord
          LEFT JOIN inserted i ON i.id = n.id"
