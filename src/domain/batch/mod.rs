@@ -52,22 +52,36 @@ pub(crate) trait Write: Send + Sync + 'static {
         carry: &mut Self::Carry,
     ) -> impl Future<Output = Result<Vec<Self::Outcome>, StoreError>> + Send;
 
+    /// Whether `carry` holds work for `flush`.
+    fn carries(_carry: &Self::Carry) -> bool {
+        false
+    }
+
     /// Runs what is carried when no batch follows.
     fn flush(&self, _carry: &mut Self::Carry) -> impl Future<Output = ()> + Send {
         async {}
     }
 }
 
+/// How long a drain with carried work waits for another batch to hand it
+/// to before running it alone: a statement saved under steady load, at
+/// most this much later for the work (the callers are answered already).
+const LINGER: std::time::Duration = std::time::Duration::from_millis(2);
+
 type Reply<W> = oneshot::Sender<Result<<W as Write>::Outcome, PhoneError>>;
 
 struct Queue<W: Write> {
     waiting: VecDeque<(W::Item, Reply<W>)>,
     running: usize,
+    /// Drains (among `running`) waiting briefly for a next batch.
+    lingering: usize,
 }
 
 pub(crate) struct Batcher<W: Write> {
     writer: Arc<W>,
     queue: Arc<Mutex<Queue<W>>>,
+    /// Wakes a lingering drain when a call queues.
+    queued: Arc<tokio::sync::Notify>,
 }
 
 impl<W: Write> Clone for Batcher<W> {
@@ -75,6 +89,7 @@ impl<W: Write> Clone for Batcher<W> {
         Self {
             writer: self.writer.clone(),
             queue: self.queue.clone(),
+            queued: self.queued.clone(),
         }
     }
 }
@@ -86,7 +101,9 @@ impl<W: Write> Batcher<W> {
             queue: Arc::new(Mutex::new(Queue {
                 waiting: VecDeque::new(),
                 running: 0,
+                lingering: 0,
             })),
+            queued: Arc::default(),
         }
     }
 
@@ -96,7 +113,8 @@ impl<W: Write> Batcher<W> {
         let start = {
             let mut queue = self.queue.lock().expect("batch queue lock");
             queue.waiting.push_back((item, reply));
-            let start = queue.running < MAX_IN_FLIGHT;
+            // A lingering drain takes it at once; otherwise start one if allowed.
+            let start = queue.lingering == 0 && queue.running < MAX_IN_FLIGHT;
             if start {
                 queue.running += 1;
             }
@@ -107,6 +125,8 @@ impl<W: Write> Batcher<W> {
             // connection drops its request) cannot abandon the others' work
             // halfway. Its first batch is traced under this request.
             tokio::spawn(self.clone().drain(tracing::Span::current()));
+        } else {
+            self.queued.notify_one();
         }
         outcome.await.unwrap_or(Err(PhoneError::Internal))
     }
@@ -115,23 +135,39 @@ impl<W: Write> Batcher<W> {
     async fn drain(self, first_span: tracing::Span) {
         let mut span = Some(first_span);
         let mut carry = W::Carry::default();
+        let mut lingered = false;
         loop {
             let batch = {
                 let mut queue = self.queue.lock().expect("batch queue lock");
                 let batch = take_batch::<W>(&mut queue.waiting);
-                if batch.is_empty() {
+                let linger = batch.is_empty() && !lingered && W::carries(&carry);
+                if linger {
+                    queue.lingering += 1;
+                } else if batch.is_empty() {
                     queue.running -= 1;
                 }
                 batch
             };
-            let span = span
-                .take()
-                .unwrap_or_else(|| tracing::info_span!("batch", size = batch.len()));
             if batch.is_empty() {
+                if !lingered && W::carries(&carry) {
+                    // Under steady load the next batch comes within this and
+                    // takes the carried work along.
+                    lingered = true;
+                    let _ = tokio::time::timeout(LINGER, self.queued.notified()).await;
+                    self.queue.lock().expect("batch queue lock").lingering -= 1;
+                    continue;
+                }
                 // Callers are answered; this only follows up their commits.
+                let span = span
+                    .take()
+                    .unwrap_or_else(|| tracing::info_span!("batch follow-up"));
                 self.writer.flush(&mut carry).instrument(span).await;
                 return;
             }
+            lingered = false;
+            let span = span
+                .take()
+                .unwrap_or_else(|| tracing::info_span!("batch", size = batch.len()));
             self.write(batch, &mut carry).instrument(span).await;
         }
     }
