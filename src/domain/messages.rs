@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::agents::timestamp;
 use super::batch::{poll::QueuedPoll, send::QueuedSend};
 use super::types::{self, AgentName, IdempotencyKey, InvalidInput, MessageId};
-use super::{CALLER_CTE, Caller, Credentials, Phone, PhoneError};
+use super::{Caller, Credentials, Phone, PhoneError, caller_cte};
 
 #[derive(Debug, Clone)]
 pub struct SendRequest {
@@ -743,6 +743,7 @@ pub(crate) const SENDER_LOOKUP: &str = "LEFT JOIN LATERAL (
 /// The SQL of one poll mode. `$1` token digest, `$2` claimed name, `$3`
 /// limit, `$4` count cap, `$5` lease seconds.
 fn build_poll_sql(mode: InboxMode) -> String {
+    let caller = caller_cte();
     let available = "m.recipient_id = (SELECT id FROM me) AND m.read_at IS NULL
                      AND (m.leased_until IS NULL OR m.leased_until <= now())";
     let count_waiting = format!(
@@ -750,7 +751,7 @@ fn build_poll_sql(mode: InboxMode) -> String {
     );
     match mode {
         InboxMode::History => format!(
-            "WITH {CALLER_CTE}
+            "WITH {caller}
              SELECT me.id AS me_id, {POLLED_COLUMNS},
                     (SELECT count(*) FROM (SELECT 1 FROM messages m WHERE {available} LIMIT $4) w) AS waiting
              FROM me
@@ -763,7 +764,7 @@ fn build_poll_sql(mode: InboxMode) -> String {
              ORDER BY m.id DESC"
         ),
         InboxMode::Peek => format!(
-            "WITH {CALLER_CTE},
+            "WITH {caller},
                   picked AS (SELECT {POLLED_FIELDS} FROM messages m WHERE {available} ORDER BY m.id LIMIT $3),
                   waiting AS ({count_waiting})
              SELECT me.id AS me_id, {POLLED_COLUMNS}, waiting.n AS waiting
@@ -783,7 +784,7 @@ fn build_poll_sql(mode: InboxMode) -> String {
                 "leased_until = now() + make_interval(secs => $5)"
             };
             format!(
-                "WITH {CALLER_CTE},
+                "WITH {caller},
                  picked AS (
                      SELECT m.id FROM messages m WHERE {available}
                      ORDER BY m.id LIMIT $3 FOR UPDATE SKIP LOCKED

@@ -157,19 +157,31 @@ pub struct Credentials {
     pub client_address: String,
 }
 
-/// The clause every one-round-trip statement starts with: the caller, by
-/// token digest ($1) and optional claimed name ($2), and the presence write
-/// (at most once a minute). A fresh `last_seen_at` makes the UPDATE's key
-/// NULL, so it costs no index lookup; the staleness test is repeated in its
-/// WHERE so that concurrent calls re-check it on the locked row.
-pub(crate) const CALLER_CTE: &str = "me AS (
+/// The presence write, at most once a minute per agent: `callers` selects
+/// the `id` and `last_seen_at` of the verified callers. Only stale callers
+/// become keys, so a fresh one costs no index lookup; the staleness test is
+/// repeated in the WHERE so that concurrent calls re-check it on the locked
+/// row.
+pub(crate) fn presence_write(callers: &str) -> String {
+    const STALE: &str = "(last_seen_at IS NULL OR last_seen_at < now() - interval '60 seconds')";
+    format!(
+        "UPDATE agents SET last_seen_at = now()
+         WHERE id = ANY (ARRAY(SELECT id FROM ({callers}) c WHERE {STALE})) AND {STALE}"
+    )
+}
+
+/// The clause every one-round-trip statement of a single call starts with:
+/// the caller (`me`), by token digest ($1) and optional claimed name ($2),
+/// and its presence write.
+pub(crate) fn caller_cte() -> String {
+    format!(
+        "me AS (
         SELECT id, name, last_seen_at FROM agents
         WHERE token_hash = $1 AND unregistered_at IS NULL AND ($2::text IS NULL OR name = $2)),
-     touched AS (
-        UPDATE agents SET last_seen_at = now()
-        WHERE id = (SELECT id FROM me
-                    WHERE last_seen_at IS NULL OR last_seen_at < now() - interval '60 seconds')
-          AND (last_seen_at IS NULL OR last_seen_at < now() - interval '60 seconds'))";
+     touched AS ({})",
+        presence_write("SELECT id, last_seen_at FROM me")
+    )
+}
 
 /// An agent whose token was verified for this request.
 #[derive(Debug, Clone)]

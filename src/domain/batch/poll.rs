@@ -4,7 +4,7 @@
 
 use super::Write;
 use crate::domain::messages::{Message, POLLED_COLUMNS, POLLED_FIELDS, SENDER_LOOKUP, message};
-use crate::domain::types::TokenHash;
+use crate::domain::{presence_write, types::TokenHash};
 use crate::store::{Pool, StoreError};
 
 #[derive(Clone)]
@@ -90,6 +90,7 @@ impl Write for PollWrite {
 static POLL_BATCH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     let available = "m.recipient_id = me.id AND m.read_at IS NULL
                      AND (m.leased_until IS NULL OR m.leased_until <= now())";
+    let touch = presence_write("SELECT id, last_seen_at FROM me");
     format!(
         "WITH req AS (
              SELECT * FROM unnest((SELECT $1::bytea[]), (SELECT $2::text[]), (SELECT $3::bigint[]))
@@ -102,12 +103,7 @@ static POLL_BATCH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
                  WHERE token_hash = r.token AND unregistered_at IS NULL
                    AND (r.claimed IS NULL OR name = r.claimed)
                  OFFSET 0) a),
-         touched AS (
-             UPDATE agents SET last_seen_at = now()
-             WHERE id = ANY (ARRAY(
-                     SELECT id FROM me
-                     WHERE last_seen_at IS NULL OR last_seen_at < now() - interval '60 seconds'))
-               AND (last_seen_at IS NULL OR last_seen_at < now() - interval '60 seconds')),
+         touched AS ({touch}),
          picked AS (
              SELECT me.ord, p.id
              FROM me

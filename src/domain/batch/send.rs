@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 
 use super::Write;
-use crate::domain::{types::TokenHash, wakeup::CHANNEL};
+use crate::domain::{presence_write, types::TokenHash, wakeup::CHANNEL};
 use crate::store::{Pool, StoreError};
 
 /// One send, resolved as far as the request alone allows. Not `Debug`: it
@@ -163,6 +163,7 @@ static WAKE_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| wake_
 /// length and the generic plan is used (see the poll batch).
 static SEND_BATCH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     let wake_previous = wake_sql("$10");
+    let touch = presence_write("SELECT sender_id AS id, last_seen_at FROM resolved");
     format!(
         "WITH req AS (
              SELECT * FROM unnest((SELECT $1::bytea[]), (SELECT $2::text[]), (SELECT $3::text[]),
@@ -184,12 +185,7 @@ static SEND_BATCH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
                  UNION ALL
                  SELECT a.id FROM agents a WHERE a.id = r.to_id AND a.unregistered_at IS NULL
              ) recipient ON me.id IS NOT NULL),
-         touched AS (
-             UPDATE agents SET last_seen_at = now()
-             WHERE id = ANY (ARRAY(
-                     SELECT sender_id FROM resolved
-                     WHERE last_seen_at IS NULL OR last_seen_at < now() - interval '60 seconds'))
-               AND (last_seen_at IS NULL OR last_seen_at < now() - interval '60 seconds')),
+         touched AS ({touch}),
          numbered AS (
              SELECT x.ord, nextval('messages_id_seq') AS id, x.sender_id, x.recipient_id
              FROM (SELECT ord, sender_id, recipient_id FROM resolved
