@@ -974,3 +974,112 @@ async fn concurrent_polls_of_many_inboxes_each_get_their_own_mail() {
         "no two polls shared a statement"
     );
 }
+
+/// An agent that never polls piles up mail. The other inboxes must still be
+/// read through the inbox indexes, not by walking `messages`: with generic
+/// plans (what a busy server runs) and statistics that say one inbox holds
+/// most unread mail, the poll once hash-joined the whole table and counted
+/// unread mail with a sequential scan. Counted with PostgreSQL's own scan
+/// statistics, not timed.
+#[tokio::test]
+async fn one_inbox_with_a_huge_backlog_leaves_the_others_on_their_indexes() {
+    let database_url = fresh_database().await;
+    {
+        let (db, connection) = tokio_postgres::connect(&database_url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let name = database_url.rsplit('/').next().unwrap();
+        // The plans a server settles on after a few executions, from the first.
+        db.batch_execute(&format!(
+            "ALTER DATABASE {name} SET plan_cache_mode = force_generic_plan"
+        ))
+        .await
+        .unwrap();
+    }
+    let app = spawn_app_on(&database_url, &[]).await;
+    let c = app.client().await;
+    let hoarder = register(&c, "hoarder", "Never reads its mail", "p").await;
+    let writer = register(&c, "writer", "Writes a lot", "p").await;
+    let reader = register(&c, "reader", "Reads promptly", "p").await;
+    let db = app.db().await;
+    db.batch_execute(
+        "INSERT INTO messages (sender_id, recipient_id, body, thread_id)
+         SELECT w.id, h.id, 'unread ' || g, 0
+         FROM agents w, agents h, generate_series(1, 30000) g
+         WHERE w.name = 'writer' AND h.name = 'hoarder';
+         ANALYZE messages;",
+    )
+    .await
+    .unwrap();
+    let _ = &hoarder;
+
+    let scans = || async {
+        db.batch_execute("SELECT pg_stat_clear_snapshot()").await.unwrap();
+        let row = db
+            .query_one(
+                "SELECT coalesce(seq_scan, 0), coalesce(idx_scan, 0)
+                 FROM pg_stat_user_tables WHERE relname = 'messages'",
+                &[],
+            )
+            .await
+            .unwrap();
+        (row.get::<_, i64>(0), row.get::<_, i64>(1))
+    };
+    // Settle what the load above counted, then start from zero.
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    db.batch_execute("SELECT pg_stat_reset_single_table_counters('messages'::regclass)")
+        .await
+        .unwrap();
+    let (seq_before, idx_before) = scans().await;
+
+    let mut read = 0;
+    for round in 0..8 {
+        for i in 0..3 {
+            ok(
+                &c,
+                "phone_send",
+                writer.with(json!({"to": "reader", "body": format!("r{round} m{i}")})),
+            )
+            .await;
+        }
+        let peeked = ok(&c, "phone_inbox", reader.with(json!({"peek": true}))).await;
+        assert_eq!(peeked["messages"].as_array().unwrap().len(), 3, "{peeked}");
+        let leased = ok(
+            &c,
+            "phone_inbox",
+            reader.with(json!({"mode": "lease", "limit": 1})),
+        )
+        .await;
+        assert_eq!(leased["messages"].as_array().unwrap().len(), 1, "{leased}");
+        let got = ok(&c, "phone_inbox", reader.with(json!({"limit": 10}))).await;
+        read += got["messages"].as_array().unwrap().len();
+        let history = ok(
+            &c,
+            "phone_inbox",
+            reader.with(json!({"include_read": true, "limit": 5})),
+        )
+        .await;
+        assert_eq!(history["messages"].as_array().unwrap().len(), 5.min(3 * (round + 1)));
+    }
+    // The leased ones come back after their lease; the rest were read.
+    assert_eq!(read, 16);
+
+    // Statistics reach the shared counters within about a second of a
+    // backend going idle: wait until the index scans of the polls show.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let (seq, idx) = loop {
+        let (seq, idx) = scans().await;
+        if idx - idx_before >= 8 * 4 || std::time::Instant::now() > deadline {
+            break (seq, idx);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert!(idx - idx_before >= 8 * 4, "index scans not reported: {idx_before} -> {idx}");
+    assert_eq!(
+        seq - seq_before,
+        0,
+        "polls scanned the whole messages table ({idx_before} -> {idx} index scans)"
+    );
+    app.stop().await;
+}

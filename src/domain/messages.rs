@@ -724,6 +724,12 @@ impl Phone {
     }
 }
 
+/// The order an inbox is read in. Ordering by `recipient_id` too (one
+/// value per inbox) leaves only the inbox indexes able to deliver it: by
+/// `id` alone, a generic plan could walk the primary key through everyone's
+/// mail, as it did once one inbox held most of the unread messages.
+pub(crate) const INBOX_ORDER: &str = "m.recipient_id, m.id";
+
 /// The message fields a poll reads from `messages m`.
 pub(crate) const POLLED_FIELDS: &str =
     "m.id, m.sender_id, m.subject, m.body, m.reply_to, m.thread_id,
@@ -744,28 +750,35 @@ pub(crate) const SENDER_LOOKUP: &str = "LEFT JOIN LATERAL (
 /// limit, `$4` count cap, `$5` lease seconds.
 fn build_poll_sql(mode: InboxMode) -> String {
     let caller = caller_cte();
-    let available = "m.recipient_id = (SELECT id FROM me) AND m.read_at IS NULL
+    let available = "m.recipient_id = me.id AND m.read_at IS NULL
                      AND (m.leased_until IS NULL OR m.leased_until <= now())";
     let count_waiting = format!(
-        "SELECT count(*) AS n FROM (SELECT 1 FROM messages m WHERE {available} LIMIT $3 + $4) w"
+        "SELECT count(*) AS n FROM me CROSS JOIN LATERAL (
+             SELECT 1 FROM messages m WHERE {available}
+             ORDER BY {INBOX_ORDER} LIMIT $3 + $4) w"
     );
     match mode {
         InboxMode::History => format!(
             "WITH {caller}
              SELECT me.id AS me_id, {POLLED_COLUMNS},
-                    (SELECT count(*) FROM (SELECT 1 FROM messages m WHERE {available} LIMIT $4) w) AS waiting
+                    (SELECT count(*) FROM (
+                         SELECT 1 FROM messages m WHERE {available}
+                         ORDER BY {INBOX_ORDER} LIMIT $4) w) AS waiting
              FROM me
              LEFT JOIN LATERAL (
                  SELECT {POLLED_FIELDS} FROM messages m
                  WHERE m.recipient_id = me.id
-                 ORDER BY m.id DESC
+                 ORDER BY m.recipient_id DESC, m.id DESC
                  LIMIT $3) m ON true
              {SENDER_LOOKUP}
              ORDER BY m.id DESC"
         ),
         InboxMode::Peek => format!(
             "WITH {caller},
-                  picked AS (SELECT {POLLED_FIELDS} FROM messages m WHERE {available} ORDER BY m.id LIMIT $3),
+                  picked AS (
+                      SELECT {POLLED_FIELDS} FROM me CROSS JOIN LATERAL (
+                          SELECT * FROM messages m WHERE {available}
+                          ORDER BY {INBOX_ORDER} LIMIT $3) m),
                   waiting AS ({count_waiting})
              SELECT me.id AS me_id, {POLLED_COLUMNS}, waiting.n AS waiting
              FROM me CROSS JOIN waiting
@@ -786,12 +799,13 @@ fn build_poll_sql(mode: InboxMode) -> String {
             format!(
                 "WITH {caller},
                  picked AS (
-                     SELECT m.id FROM messages m WHERE {available}
-                     ORDER BY m.id LIMIT $3 FOR UPDATE SKIP LOCKED
+                     SELECT p.id FROM me CROSS JOIN LATERAL (
+                         SELECT m.id FROM messages m WHERE {available}
+                         ORDER BY {INBOX_ORDER} LIMIT $3 FOR UPDATE SKIP LOCKED) p
                  ),
                  taken AS (
                      UPDATE messages m SET {set}, delivery_count = m.delivery_count + 1
-                     FROM picked WHERE m.id = picked.id
+                     WHERE m.id = ANY (ARRAY(SELECT id FROM picked))
                      RETURNING {POLLED_FIELDS}
                  ),
                  waiting AS ({count_waiting})

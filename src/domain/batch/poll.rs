@@ -3,7 +3,7 @@
 //! take disjoint messages) and mark them read.
 
 use super::Write;
-use crate::domain::messages::{Message, POLLED_COLUMNS, POLLED_FIELDS, SENDER_LOOKUP, message};
+use crate::domain::messages::{INBOX_ORDER, Message, POLLED_COLUMNS, POLLED_FIELDS, SENDER_LOOKUP, message};
 use crate::domain::{presence_write, types::TokenHash};
 use crate::store::{Pool, StoreError};
 
@@ -86,7 +86,9 @@ impl Write for PollWrite {
 /// arrays are wrapped in sub-selects so that no plan knows their length:
 /// with it, every custom plan looked cheaper than the generic one and the
 /// statement was planned again on every execution (~0.7 ms each,
-/// pg_stat_statements in `make bench`).
+/// pg_stat_statements in `make bench`). The messages taken are updated by
+/// primary key from an array, so no plan can join them by scanning
+/// `messages` (a generic plan did, once one inbox held most unread mail).
 static POLL_BATCH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     let available = "m.recipient_id = me.id AND m.read_at IS NULL
                      AND (m.leased_until IS NULL OR m.leased_until <= now())";
@@ -109,21 +111,23 @@ static POLL_BATCH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
              FROM me
              CROSS JOIN LATERAL (
                  SELECT m.id FROM messages m WHERE {available}
-                 ORDER BY m.id LIMIT me.lim FOR UPDATE SKIP LOCKED) p),
+                 ORDER BY {INBOX_ORDER} LIMIT me.lim FOR UPDATE SKIP LOCKED) p),
          taken AS (
              UPDATE messages m SET read_at = now(), leased_until = NULL,
                                    delivery_count = m.delivery_count + 1
-             FROM picked WHERE m.id = picked.id
-             RETURNING picked.ord, {POLLED_FIELDS}),
-         waiting AS (
+             WHERE m.id = ANY (ARRAY(SELECT id FROM picked))
+             RETURNING {POLLED_FIELDS}),
+         waiting AS MATERIALIZED (
              SELECT me.ord,
                     (SELECT count(*) FROM (
-                         SELECT 1 FROM messages m WHERE {available} LIMIT me.lim + $4) w) AS n
+                         SELECT 1 FROM messages m WHERE {available}
+                         ORDER BY {INBOX_ORDER} LIMIT me.lim + $4) w) AS n
              FROM me)
          SELECT me.ord, me.id AS me_id, {POLLED_COLUMNS}, waiting.n AS waiting
          FROM me
          JOIN waiting ON waiting.ord = me.ord
-         LEFT JOIN taken m ON m.ord = me.ord
+         LEFT JOIN (SELECT picked.ord, taken.* FROM taken JOIN picked ON picked.id = taken.id) m
+             ON m.ord = me.ord
          {SENDER_LOOKUP}
          ORDER BY me.ord, m.id"
     )
