@@ -119,11 +119,16 @@ impl Phone {
         shutdown: CancellationToken,
         limits: limits::Limits,
     ) -> Self {
+        let wakes = Arc::new(batch::PendingWakes::default());
         Self {
-            sends: batch::Batcher::new(batch::send::SendWrite { pool: pool.clone() }),
+            sends: batch::Batcher::new(batch::send::SendWrite {
+                pool: pool.clone(),
+                wakes: wakes.clone(),
+            }),
             polls: batch::Batcher::new(batch::poll::PollWrite {
                 pool: pool.clone(),
                 cap: messages::UNREAD_COUNT_CAP,
+                wakes,
             }),
             pool,
             wakeup,

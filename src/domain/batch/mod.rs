@@ -37,10 +37,6 @@ const MAX_BATCH: usize = 64;
 pub(crate) trait Write: Send + Sync + 'static {
     type Item: Send + 'static;
     type Outcome: Send + 'static;
-    /// Work that must run in a statement after a batch's commit (wake-ups):
-    /// handed to the next batch of the same drain, or to `flush` when none
-    /// follows.
-    type Carry: Default + Send + 'static;
 
     /// Calls with the same key never share a statement (two polls of one
     /// inbox in one statement would take the same messages).
@@ -52,22 +48,47 @@ pub(crate) trait Write: Send + Sync + 'static {
     fn write(
         &self,
         items: &[Self::Item],
-        carry: &mut Self::Carry,
     ) -> impl Future<Output = Result<Vec<Self::Outcome>, StoreError>> + Send;
 
-    /// Whether `carry` holds work for `flush`.
-    fn carries(_carry: &Self::Carry) -> bool {
+    /// Whether work left by this writer's batches must still run in a
+    /// statement of its own (wake-ups no later batch took along).
+    fn has_follow_up(&self) -> bool {
         false
     }
 
-    /// Runs what is carried when no batch follows.
-    fn flush(&self, _carry: &mut Self::Carry) -> impl Future<Output = ()> + Send {
+    /// Runs that work when no batch came along to do it.
+    fn follow_up(&self) -> impl Future<Output = ()> + Send {
         async {}
     }
 }
 
-/// How long a drain with carried work waits for another batch to hand it
-/// to before running it alone: a statement saved under steady load, at
+/// Recipients of committed sends whose long polls are yet to be woken on
+/// any replica. The check must run in a statement that begins after those
+/// sends committed (see `send::wake_sql`): the next batch statement of
+/// either kind on this replica takes them along; when none begins soon,
+/// the send drain runs it alone.
+#[derive(Default)]
+pub(crate) struct PendingWakes(Mutex<Vec<i64>>);
+
+impl PendingWakes {
+    /// All pending recipients; the caller's statement now owns them.
+    pub fn take(&self) -> Vec<i64> {
+        std::mem::take(&mut *self.0.lock().expect("pending wakes lock"))
+    }
+
+    /// Recipients whose statement failed (rolled back, nothing notified),
+    /// or of sends just committed.
+    pub fn add(&self, recipients: impl IntoIterator<Item = i64>) {
+        self.0.lock().expect("pending wakes lock").extend(recipients);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.lock().expect("pending wakes lock").is_empty()
+    }
+}
+
+/// How long a drain with follow-up work waits for another batch to take it
+/// along before running it alone: a statement saved under steady load, at
 /// most this much later for the work (the callers are answered already).
 const LINGER: std::time::Duration = std::time::Duration::from_millis(2);
 
@@ -137,47 +158,48 @@ impl<W: Write> Batcher<W> {
     /// Writes batches until nobody waits.
     async fn drain(self, first_span: tracing::Span) {
         let mut span = Some(first_span);
-        let mut carry = W::Carry::default();
         let mut lingered = false;
         loop {
-            let batch = {
+            let (batch, linger) = {
                 let mut queue = self.queue.lock().expect("batch queue lock");
                 let batch = take_batch::<W>(&mut queue.waiting);
-                let linger = batch.is_empty() && !lingered && W::carries(&carry);
+                let linger = batch.is_empty() && !lingered && self.writer.has_follow_up();
                 if linger {
                     queue.lingering += 1;
                 } else if batch.is_empty() {
                     queue.running -= 1;
                 }
-                batch
+                (batch, linger)
             };
             if batch.is_empty() {
-                if !lingered && W::carries(&carry) {
-                    // Under steady load the next batch comes within this and
-                    // takes the carried work along.
+                if linger {
+                    // Under steady load the next batch (of either kind)
+                    // comes within this and takes the work along.
                     lingered = true;
                     let _ = tokio::time::timeout(LINGER, self.queued.notified()).await;
                     self.queue.lock().expect("batch queue lock").lingering -= 1;
                     continue;
                 }
                 // Callers are answered; this only follows up their commits.
-                let span = span
-                    .take()
-                    .unwrap_or_else(|| tracing::info_span!("batch follow-up"));
-                self.writer.flush(&mut carry).instrument(span).await;
+                if self.writer.has_follow_up() {
+                    let span = span
+                        .take()
+                        .unwrap_or_else(|| tracing::info_span!("batch follow-up"));
+                    self.writer.follow_up().instrument(span).await;
+                }
                 return;
             }
             lingered = false;
             let span = span
                 .take()
                 .unwrap_or_else(|| tracing::info_span!("batch", size = batch.len()));
-            self.write(batch, &mut carry).instrument(span).await;
+            self.write(batch).instrument(span).await;
         }
     }
 
-    async fn write(&self, batch: Vec<(W::Item, Reply<W>)>, carry: &mut W::Carry) {
+    async fn write(&self, batch: Vec<(W::Item, Reply<W>)>) {
         let (items, replies): (Vec<W::Item>, Vec<Reply<W>>) = batch.into_iter().unzip();
-        match self.writer.write(&items, carry).await {
+        match self.writer.write(&items).await {
             Ok(outcomes) => {
                 for (reply, outcome) in replies.into_iter().zip(outcomes) {
                     let _ = reply.send(Ok(outcome));
@@ -190,7 +212,7 @@ impl<W: Write> Batcher<W> {
                 for (item, reply) in items.into_iter().zip(replies) {
                     let outcome = self
                         .writer
-                        .write(std::slice::from_ref(&item), carry)
+                        .write(std::slice::from_ref(&item))
                         .await
                         .map_err(PhoneError::from)
                         .and_then(|mut one| one.pop().ok_or(PhoneError::Internal));

@@ -2,7 +2,9 @@
 //! unread messages of each inbox (SKIP LOCKED, so pollers on any replica
 //! take disjoint messages) and mark them read.
 
-use super::Write;
+use std::sync::Arc;
+
+use super::{PendingWakes, Write, send::wake_sql};
 use crate::domain::messages::{INBOX_ORDER, Message, POLLED_COLUMNS, POLLED_FIELDS, SENDER_LOOKUP, message};
 use crate::domain::{presence_write, types::TokenHash};
 use crate::store::{Pool, StoreError};
@@ -28,12 +30,13 @@ pub(crate) struct PollOutcome {
 pub(crate) struct PollWrite {
     pub pool: Pool,
     pub cap: i64,
+    /// Taken along: this statement begins after their sends committed.
+    pub wakes: Arc<PendingWakes>,
 }
 
 impl Write for PollWrite {
     type Item = QueuedPoll;
     type Outcome = PollOutcome;
-    type Carry = ();
 
     /// Two polls of one inbox in one statement would lock the same rows
     /// (a transaction does not skip its own locks) and take the same messages.
@@ -41,19 +44,23 @@ impl Write for PollWrite {
         Some(item.token)
     }
 
-    async fn write(
-        &self,
-        polls: &[QueuedPoll],
-        _carry: &mut (),
-    ) -> Result<Vec<PollOutcome>, StoreError> {
+    async fn write(&self, polls: &[QueuedPoll]) -> Result<Vec<PollOutcome>, StoreError> {
         let client = self.pool.get().await?;
         let stmt = client.prepare_cached(&POLL_BATCH_SQL).await?;
         let tokens: Vec<&[u8]> = polls.iter().map(|p| p.token.as_bytes()).collect();
         let claimed: Vec<Option<&str>> = polls.iter().map(|p| p.claimed.as_deref()).collect();
         let limits: Vec<i64> = polls.iter().map(|p| p.limit).collect();
-        let rows = client
-            .query(&stmt, &[&tokens, &claimed, &limits, &self.cap])
-            .await?;
+        let to_wake = self.wakes.take();
+        let rows = match client
+            .query(&stmt, &[&tokens, &claimed, &limits, &self.cap, &to_wake])
+            .await
+        {
+            Ok(rows) => rows,
+            Err(e) => {
+                self.wakes.add(to_wake);
+                return Err(e);
+            }
+        };
         let mut outcomes: Vec<PollOutcome> = polls
             .iter()
             .map(|_| PollOutcome {
@@ -81,7 +88,9 @@ impl Write for PollWrite {
 }
 
 /// `$1` token digests, `$2` claimed names, `$3` limits (arrays, one element
-/// per poll), `$4` the unread count's cap. Lookups are LATERAL with OFFSET 0:
+/// per poll), `$4` the unread count's cap, `$5` recipients of committed
+/// sends to wake (the one-time filter on `req` runs it whatever the polls
+/// find, even when no token matches). Lookups are LATERAL with OFFSET 0:
 /// one index probe per poll whatever the planner thinks of the array. The
 /// arrays are wrapped in sub-selects so that no plan knows their length:
 /// with it, every custom plan looked cheaper than the generic one and the
@@ -93,10 +102,13 @@ static POLL_BATCH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
     let available = "m.recipient_id = me.id AND m.read_at IS NULL
                      AND (m.leased_until IS NULL OR m.leased_until <= now())";
     let touch = presence_write("SELECT id, last_seen_at FROM me");
+    let wake = wake_sql("$5");
     format!(
-        "WITH req AS (
+        "WITH woken AS ({wake}),
+         req AS (
              SELECT * FROM unnest((SELECT $1::bytea[]), (SELECT $2::text[]), (SELECT $3::bigint[]))
-                 WITH ORDINALITY AS r(token, claimed, lim, ord)),
+                 WITH ORDINALITY AS r(token, claimed, lim, ord)
+             WHERE (SELECT n FROM woken) IS NOT NULL),
          me AS (
              SELECT r.ord, r.lim, a.id, a.name, a.last_seen_at
              FROM req r

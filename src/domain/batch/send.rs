@@ -3,7 +3,9 @@
 
 use chrono::{DateTime, Utc};
 
-use super::Write;
+use std::sync::Arc;
+
+use super::{PendingWakes, Write};
 use crate::domain::{presence_write, types::TokenHash, wakeup::CHANNEL};
 use crate::store::{Pool, StoreError};
 
@@ -43,20 +45,17 @@ pub(crate) struct Stored {
 /// Writes batches of sends.
 pub(crate) struct SendWrite {
     pub pool: Pool,
+    pub wakes: Arc<PendingWakes>,
 }
 
 impl Write for SendWrite {
     type Item = QueuedSend;
     type Outcome = SendOutcome;
-    /// Recipients of committed sends whose waiters are yet to be woken.
-    type Carry = Vec<i64>;
 
     /// One statement for the whole batch; one outcome per send, in order.
-    async fn write(
-        &self,
-        sends: &[QueuedSend],
-        to_wake: &mut Vec<i64>,
-    ) -> Result<Vec<SendOutcome>, StoreError> {
+    /// It also wakes the recipients of earlier batches (committed before it
+    /// began); its own recipients wait for a later statement.
+    async fn write(&self, sends: &[QueuedSend]) -> Result<Vec<SendOutcome>, StoreError> {
         let client = self.pool.get().await?;
         let stmt = client.prepare_cached(&SEND_BATCH_SQL).await?;
         let tokens: Vec<&[u8]> = sends.iter().map(|s| s.token.as_bytes()).collect();
@@ -68,18 +67,24 @@ impl Write for SendWrite {
         let threads: Vec<Option<i64>> = sends.iter().map(|s| s.thread_id).collect();
         let keys: Vec<Option<&str>> = sends.iter().map(|s| s.idempotency_key.as_deref()).collect();
         let to_ids: Vec<Option<i64>> = sends.iter().map(|s| s.to_id).collect();
-        let rows = client
+        let to_wake = self.wakes.take();
+        let rows = match client
             .query(
                 &stmt,
                 &[
                     &tokens, &claimed, &to_names, &subjects, &bodies, &reply_tos, &threads, &keys,
-                    &to_ids, &*to_wake,
+                    &to_ids, &to_wake,
                 ],
             )
-            .await?;
-        // This statement began after the previous batch committed: its
-        // wake-ups are done. This batch's own wait for a later statement.
-        to_wake.clear();
+            .await
+        {
+            Ok(rows) => rows,
+            Err(e) => {
+                self.wakes.add(to_wake);
+                return Err(e);
+            }
+        };
+        let mut stored_for = Vec::with_capacity(sends.len());
         let mut outcomes = vec![
             SendOutcome {
                 me_id: None,
@@ -97,7 +102,7 @@ impl Write for SendWrite {
             };
             outcome.me_id = row.get("me_id");
             if let Some(recipient) = row.get::<_, Option<i64>>("recipient_id") {
-                to_wake.push(recipient);
+                stored_for.push(recipient);
             }
             outcome.stored = row.get::<_, Option<i64>>("id").map(|id| Stored {
                 id,
@@ -105,23 +110,28 @@ impl Write for SendWrite {
                 sent_at: row.get("sent_at"),
             });
         }
+        self.wakes.add(stored_for);
         Ok(outcomes)
     }
 
-    /// Wakes the waiters of what the last batch stored, in a statement that
-    /// began after its commit.
-    async fn flush(&self, to_wake: &mut Vec<i64>) {
+    fn has_follow_up(&self) -> bool {
+        !self.wakes.is_empty()
+    }
+
+    /// Wakes the waiters of what the last batches stored, in a statement
+    /// that began after their commit, when no batch took them along.
+    async fn follow_up(&self) {
+        let to_wake = self.wakes.take();
         if to_wake.is_empty() {
             return;
         }
         let outcome = async {
             let client = self.pool.get().await?;
             let stmt = client.prepare_cached(&WAKE_SQL).await?;
-            client.query(&stmt, &[&*to_wake]).await?;
+            client.query(&stmt, &[&to_wake]).await?;
             Ok::<_, StoreError>(())
         }
         .await;
-        to_wake.clear();
         if let Err(e) = outcome {
             // The waiters' own timeout still ends their wait.
             tracing::warn!(error = %e, "could not wake waiting pollers");
@@ -141,7 +151,7 @@ impl Write for SendWrite {
 /// (the wake phase of `make bench` caught 9 of 160). A statement that
 /// begins after the send's commit sees every row committed before the
 /// poll looked.
-fn wake_sql(recipients: &str) -> String {
+pub(crate) fn wake_sql(recipients: &str) -> String {
     format!(
         "SELECT count(pg_notify('{CHANNEL}', r.agent_id::text)) AS n
          FROM (SELECT DISTINCT agent_id FROM unnest((SELECT {recipients}::bigint[])) AS u(agent_id)) r
@@ -156,8 +166,8 @@ static WAKE_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| wake_
 /// The batch send statement, built once. Arrays, one element per send:
 /// `$1` token digests, `$2` claimed names, `$3` recipient names, `$4`
 /// subjects, `$5` bodies, `$6` reply_to, `$7` threads, `$8` idempotency
-/// keys, `$9` recipient ids (replies), `$10` recipients of the previous
-/// batch to wake. Each lookup is a LATERAL subquery with OFFSET 0, so it
+/// keys, `$9` recipient ids (replies), `$10` recipients of earlier
+/// batches to wake (`PendingWakes`). Each lookup is a LATERAL subquery with OFFSET 0, so it
 /// stays one index probe per send whatever the planner thinks of the
 /// array's size. The arrays sit in sub-selects so that no plan knows their
 /// length and the generic plan is used (see the poll batch).
