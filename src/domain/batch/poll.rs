@@ -5,7 +5,9 @@
 use std::sync::Arc;
 
 use super::{PendingWakes, Write, send::wake_sql};
-use crate::domain::messages::{INBOX_ORDER, Message, POLLED_COLUMNS, POLLED_FIELDS, SENDER_LOOKUP, message};
+use crate::domain::messages::{
+    INBOX_ORDER, Message, POLLED_COLUMNS, POLLED_FIELDS, SENDER_LOOKUP, available, message,
+};
 use crate::domain::{presence_write, types::TokenHash};
 use crate::store::{Pool, StoreError};
 
@@ -99,8 +101,7 @@ impl Write for PollWrite {
 /// primary key from an array, so no plan can join them by scanning
 /// `messages` (a generic plan did, once one inbox held most unread mail).
 static POLL_BATCH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    let available = "m.recipient_id = me.id AND m.read_at IS NULL
-                     AND (m.leased_until IS NULL OR m.leased_until <= now())";
+    let available = available();
     let touch = presence_write("SELECT id, last_seen_at FROM me");
     let wake = wake_sql("$5");
     format!(
