@@ -120,16 +120,23 @@ impl Phone {
         limits: limits::Limits,
     ) -> Self {
         let wakes = Arc::new(batch::PendingWakes::default());
+        let max_queue_wait = pool.wait_timeout();
         Self {
-            sends: batch::Batcher::new(batch::send::SendWrite {
-                pool: pool.clone(),
-                wakes: wakes.clone(),
-            }),
-            polls: batch::Batcher::new(batch::poll::PollWrite {
-                pool: pool.clone(),
-                cap: messages::UNREAD_COUNT_CAP,
-                wakes,
-            }),
+            sends: batch::Batcher::new(
+                batch::send::SendWrite {
+                    pool: pool.clone(),
+                    wakes: wakes.clone(),
+                },
+                max_queue_wait,
+            ),
+            polls: batch::Batcher::new(
+                batch::poll::PollWrite {
+                    pool: pool.clone(),
+                    cap: messages::UNREAD_COUNT_CAP,
+                    wakes,
+                },
+                max_queue_wait,
+            ),
             pool,
             wakeup,
             shutdown,

@@ -76,6 +76,11 @@ impl StoreError {
 pub struct Pool(deadpool_postgres::Pool, Duration);
 
 impl Pool {
+    /// How long a caller waits for a connection before hearing "busy".
+    pub fn wait_timeout(&self) -> Duration {
+        self.0.timeouts().wait.unwrap_or(Duration::from_secs(2))
+    }
+
     /// A pooled connection; waits at most the pool timeout.
     pub async fn get(&self) -> Result<Client, PoolError> {
         let started = Instant::now();
