@@ -984,19 +984,15 @@ async fn concurrent_polls_of_many_inboxes_each_get_their_own_mail() {
 #[tokio::test]
 async fn one_inbox_with_a_huge_backlog_leaves_the_others_on_their_indexes() {
     let database_url = fresh_database().await;
-    {
-        let (db, connection) = tokio_postgres::connect(&database_url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
-        let name = database_url.rsplit('/').next().unwrap();
-        // The plans a server settles on after a few executions, from the first.
-        db.batch_execute(&format!(
+    let name = database_url.rsplit('/').next().unwrap();
+    // The plans a server settles on after a few executions, from the first.
+    connect(&database_url)
+        .await
+        .batch_execute(&format!(
             "ALTER DATABASE {name} SET plan_cache_mode = force_generic_plan"
         ))
         .await
         .unwrap();
-    }
     let app = spawn_app_on(&database_url, &[]).await;
     let c = app.client().await;
     let hoarder = register(&c, "hoarder", "Never reads its mail", "p").await;
@@ -1026,7 +1022,9 @@ async fn one_inbox_with_a_huge_backlog_leaves_the_others_on_their_indexes() {
     let _ = &hoarder;
 
     let scans = || async {
-        db.batch_execute("SELECT pg_stat_clear_snapshot()").await.unwrap();
+        db.batch_execute("SELECT pg_stat_clear_snapshot()")
+            .await
+            .unwrap();
         let row = db
             .query_one(
                 "SELECT coalesce(seq_scan, 0), coalesce(idx_scan, 0), coalesce(idx_tup_fetch, 0)
@@ -1035,7 +1033,11 @@ async fn one_inbox_with_a_huge_backlog_leaves_the_others_on_their_indexes() {
             )
             .await
             .unwrap();
-        (row.get::<_, i64>(0), row.get::<_, i64>(1), row.get::<_, i64>(2))
+        (
+            row.get::<_, i64>(0),
+            row.get::<_, i64>(1),
+            row.get::<_, i64>(2),
+        )
     };
     // Settle what the load above counted, then start from zero.
     tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
@@ -1071,7 +1073,10 @@ async fn one_inbox_with_a_huge_backlog_leaves_the_others_on_their_indexes() {
             reader.with(json!({"include_read": true, "limit": 5})),
         )
         .await;
-        assert_eq!(history["messages"].as_array().unwrap().len(), 5.min(3 * (round + 1)));
+        assert_eq!(
+            history["messages"].as_array().unwrap().len(),
+            5.min(3 * (round + 1))
+        );
         let outbox = ok(&c, "phone_outbox", reader.with(json!({"limit": 5}))).await;
         assert_eq!(outbox["messages"].as_array().unwrap().len(), 3, "{outbox}");
     }
@@ -1088,7 +1093,10 @@ async fn one_inbox_with_a_huge_backlog_leaves_the_others_on_their_indexes() {
         }
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     };
-    assert!(idx - idx_before >= 8 * 5, "index scans not reported: {idx_before} -> {idx}");
+    assert!(
+        idx - idx_before >= 8 * 5,
+        "index scans not reported: {idx_before} -> {idx}"
+    );
     assert_eq!(
         seq - seq_before,
         0,

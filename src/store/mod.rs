@@ -35,7 +35,7 @@ pub enum StoreError {
 impl From<PoolError> for StoreError {
     fn from(err: PoolError) -> Self {
         match err {
-            PoolError::Timeout(_) => Self::Unavailable("all database connections are busy".into()),
+            PoolError::Timeout(_) => Self::Unavailable(POOL_BUSY.into()),
             PoolError::Backend(e) => Self::from(e),
             other => Self::Unavailable(other.to_string()),
         }
@@ -69,6 +69,9 @@ impl StoreError {
         matches!(self, Self::Query(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION))
     }
 }
+
+/// Why a caller waited in vain for a pooled connection.
+pub const POOL_BUSY: &str = "all database connections are busy";
 
 /// The connection pool. Derefs to deadpool's pool (status, close, …);
 /// `get` hands out a [`Client`] whose statements are traced and timed.

@@ -52,6 +52,15 @@ pub async fn fresh_database() -> String {
     format!("{base}/{name}")
 }
 
+/// A plain connection to a test database.
+pub async fn connect(database_url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(database_url, NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    client
+}
+
 pub fn test_config(database_url: &str, extra: &[(&str, &str)]) -> Config {
     let mut pairs: Vec<(String, String)> = vec![
         ("DATABASE_URL".into(), database_url.into()),
@@ -141,11 +150,7 @@ impl TestApp {
     }
 
     pub async fn db(&self) -> tokio_postgres::Client {
-        let (client, connection) = tokio_postgres::connect(&self.database_url, NoTls)
-            .await
-            .expect("connect");
-        tokio::spawn(connection);
-        client
+        connect(&self.database_url).await
     }
 
     /// The single number a query such as `SELECT count(*) …` returns.

@@ -79,7 +79,10 @@ impl PendingWakes {
     /// Recipients whose statement failed (rolled back, nothing notified),
     /// or of sends just committed.
     pub fn add(&self, recipients: impl IntoIterator<Item = i64>) {
-        self.0.lock().expect("pending wakes lock").extend(recipients);
+        self.0
+            .lock()
+            .expect("pending wakes lock")
+            .extend(recipients);
     }
 
     pub fn is_empty(&self) -> bool {
@@ -179,9 +182,7 @@ impl<W: Write> Batcher<W> {
             queue.waiting.len() < before
         };
         if left {
-            return Err(PhoneError::Unavailable(
-                "all database connections are busy".into(),
-            ));
+            return Err(PhoneError::Unavailable(crate::store::POOL_BUSY.into()));
         }
         outcome.await.unwrap_or(Err(PhoneError::Internal))
     }
@@ -229,8 +230,10 @@ impl<W: Write> Batcher<W> {
     }
 
     async fn write(&self, batch: Vec<Queued<W>>) {
-        let (items, replies): (Vec<W::Item>, Vec<Reply<W>>) =
-            batch.into_iter().map(|(_, item, reply)| (item, reply)).unzip();
+        let (items, replies): (Vec<W::Item>, Vec<Reply<W>>) = batch
+            .into_iter()
+            .map(|(_, item, reply)| (item, reply))
+            .unzip();
         match self.writer.write(&items).await {
             Ok(outcomes) => {
                 for (reply, outcome) in replies.into_iter().zip(outcomes) {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::{PendingWakes, Write, send::wake_sql};
 use crate::domain::messages::{
-    INBOX_ORDER, Message, POLLED_COLUMNS, POLLED_FIELDS, SENDER_LOOKUP, available, message,
+    AVAILABLE, INBOX_ORDER, Message, POLLED_COLUMNS, POLLED_FIELDS, SENDER_LOOKUP, message,
 };
 use crate::domain::{presence_write, types::TokenHash};
 use crate::store::{Pool, StoreError};
@@ -101,7 +101,7 @@ impl Write for PollWrite {
 /// primary key from an array, so no plan can join them by scanning
 /// `messages` (a generic plan did, once one inbox held most unread mail).
 static POLL_BATCH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    let available = available();
+    let available = AVAILABLE;
     let touch = presence_write("SELECT id, last_seen_at FROM me");
     let wake = wake_sql("$5");
     format!(

@@ -167,9 +167,9 @@ static WAKE_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| wake_
 /// `$1` token digests, `$2` claimed names, `$3` recipient names, `$4`
 /// subjects, `$5` bodies, `$6` reply_to, `$7` threads, `$8` idempotency
 /// keys, `$9` recipient ids (replies), `$10` recipients of earlier
-/// batches to wake (`PendingWakes`). Each lookup is a LATERAL subquery with OFFSET 0, so it
-/// stays one index probe per send whatever the planner thinks of the
-/// array's size. The arrays sit in sub-selects so that no plan knows their
+/// batches to wake (`PendingWakes`). Each lookup is a LATERAL subquery
+/// with OFFSET 0, so it stays one index probe per send whatever the
+/// planner thinks of the array's size. The arrays sit in sub-selects so that no plan knows their
 /// length and the generic plan is used (see the poll batch).
 static SEND_BATCH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     let wake_previous = wake_sql("$10");
