@@ -344,8 +344,8 @@ impl Phone {
         // (`batch`). A conflicting idempotency key inserts nothing (after
         // waiting for a concurrent insert of the same key to commit).
         let outcome = self
-            .sends
-            .run(QueuedSend {
+            .mail
+            .send(QueuedSend {
                 token: creds.token,
                 claimed: claimed.map(str::to_owned),
                 to_name: to.as_str().to_owned(),
@@ -515,8 +515,8 @@ impl Phone {
         if req.mode == InboxMode::Read {
             // The hot path: together with the other read polls in flight.
             let polled = self
-                .polls
-                .run(QueuedPoll {
+                .mail
+                .poll(QueuedPoll {
                     token: creds.token,
                     claimed: creds.claimed.as_ref().map(|n| n.as_str().to_owned()),
                     limit,

@@ -106,10 +106,9 @@ pub struct Phone {
     /// Cancelled at shutdown, so long polls return at once.
     shutdown: CancellationToken,
     limits: Arc<limits::Limits>,
-    /// Sends and read polls in flight on this replica, each kind written
-    /// together (group commit).
-    sends: batch::Batcher<batch::send::SendWrite>,
-    polls: batch::Batcher<batch::poll::PollWrite>,
+    /// Sends and read polls in flight on this replica, written together
+    /// (group commit).
+    mail: batch::Batcher<batch::mail::MailWrite>,
 }
 
 impl Phone {
@@ -119,24 +118,16 @@ impl Phone {
         shutdown: CancellationToken,
         limits: limits::Limits,
     ) -> Self {
-        let wakes = Arc::new(batch::PendingWakes::default());
-        let max_queue_wait = pool.wait_timeout();
+        let mail = batch::Batcher::new(
+            batch::mail::MailWrite {
+                pool: pool.clone(),
+                cap: messages::UNREAD_COUNT_CAP,
+                wakes: Arc::default(),
+            },
+            pool.wait_timeout(),
+        );
         Self {
-            sends: batch::Batcher::new(
-                batch::send::SendWrite {
-                    pool: pool.clone(),
-                    wakes: wakes.clone(),
-                },
-                max_queue_wait,
-            ),
-            polls: batch::Batcher::new(
-                batch::poll::PollWrite {
-                    pool: pool.clone(),
-                    cap: messages::UNREAD_COUNT_CAP,
-                    wakes,
-                },
-                max_queue_wait,
-            ),
+            mail,
             pool,
             wakeup,
             shutdown,

@@ -1,15 +1,16 @@
-//! Group commit: concurrent sends (and read-mode polls) on one replica are
-//! written by one statement and one commit.
+//! Group commit: concurrent sends and read-mode polls on one replica are
+//! written by one statement and one commit (`mail`).
 //!
 //! Measured with pgbench on this machine, the send statement carrying 8
 //! messages stores about 4 times as many messages per second as 8 separate
 //! statements: per-statement work (executor start-up, commit, WAL flush,
 //! waking a backend) dominates a one-row write. Batches form only under
-//! load: a call that finds fewer than [`MAX_IN_FLIGHT`] batches of its kind
-//! running starts one at once, so a lone call waits for nothing. Only calls in
+//! load: a call that finds fewer than [`MAX_IN_FLIGHT`] batches running
+//! starts one at once, so a lone call waits for nothing. Only calls in
 //! flight live here, never state another replica would need; each caller
 //! hears back after the commit, so a crash loses nothing acknowledged.
 
+pub(crate) mod mail;
 pub(crate) mod poll;
 pub(crate) mod send;
 
@@ -24,14 +25,21 @@ use tracing::Instrument;
 use super::{PhoneError, types::TokenHash};
 use crate::store::StoreError;
 
-/// Batches of one kind that may run at once on a replica: the next batch
-/// forms while this one runs. Measured (`make bench-quick`, A/B alternated
+/// Batches that may run at once on a replica (unless stuck, see
+/// [`STALLED_AFTER`]): the next batch forms while this one runs. Measured (`make bench-quick`, A/B alternated
 /// twice): with 2, batches were half the size for no gain in latency; with
 /// 1, 3 replicas at 64 connections went from 0.57-0.65x to 0.77-0.79x of
 /// the raw-SQL baseline and fixed-rate p99 from 25-32 ms to 18-20 ms.
 const MAX_IN_FLIGHT: usize = 1;
 /// At most this many calls per statement.
 const MAX_BATCH: usize = 64;
+/// A call still queued this long after it came, while no batch has started
+/// meanwhile, starts one more: the running batch is stuck (on a row lock,
+/// say), and the calls behind it need not be. Far above a batch's usual
+/// few milliseconds, so it never fires under mere load.
+const STALLED_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
+/// Batches of one writer that may run at once when some are stuck.
+const MAX_IN_FLIGHT_STALLED: usize = 4;
 
 /// One statement that does the work of many calls.
 pub(crate) trait Write: Send + Sync + 'static {
@@ -104,6 +112,8 @@ struct Queue<W: Write> {
     waiting: VecDeque<Queued<W>>,
     /// Numbers the queued calls.
     queued_total: u64,
+    /// Counts the batches begun, to tell a stuck batch from a long queue.
+    batches_started: u64,
     running: usize,
     /// Drains (among `running`) waiting briefly for a next batch.
     lingering: usize,
@@ -139,6 +149,7 @@ impl<W: Write> Batcher<W> {
             queue: Arc::new(Mutex::new(Queue {
                 waiting: VecDeque::new(),
                 queued_total: 0,
+                batches_started: 0,
                 running: 0,
                 lingering: 0,
             })),
@@ -150,7 +161,7 @@ impl<W: Write> Batcher<W> {
     /// Does one call's work, alone or together with others in flight.
     pub async fn run(&self, item: W::Item) -> Result<W::Outcome, PhoneError> {
         let (reply, mut outcome) = oneshot::channel();
-        let (number, start) = {
+        let (number, started_before, start) = {
             let mut queue = self.queue.lock().expect("batch queue lock");
             queue.queued_total += 1;
             let number = queue.queued_total;
@@ -160,8 +171,9 @@ impl<W: Write> Batcher<W> {
             if start {
                 queue.running += 1;
             }
-            (number, start)
+            (number, queue.batches_started, start)
         };
+        let queued_at = tokio::time::Instant::now();
         if start {
             // A task of its own, so a caller that goes away (a closed
             // connection drops its request) cannot abandon the others' work
@@ -169,8 +181,25 @@ impl<W: Write> Batcher<W> {
             tokio::spawn(self.clone().drain(tracing::Span::current()));
         } else {
             self.queued.notify_one();
+            if let Ok(done) = tokio::time::timeout(STALLED_AFTER.min(self.max_queue_wait), &mut outcome).await {
+                return done.unwrap_or(Err(PhoneError::Internal));
+            }
+            let unstick = {
+                let mut queue = self.queue.lock().expect("batch queue lock");
+                let stuck = queue.batches_started == started_before
+                    && queue.running < MAX_IN_FLIGHT_STALLED
+                    && queue.waiting.iter().any(|(n, _, _)| *n == number);
+                if stuck {
+                    queue.running += 1;
+                }
+                stuck
+            };
+            if unstick {
+                tokio::spawn(self.clone().drain(tracing::Span::current()));
+            }
         }
-        if let Ok(done) = tokio::time::timeout(self.max_queue_wait, &mut outcome).await {
+        let left_to_wait = self.max_queue_wait.saturating_sub(queued_at.elapsed());
+        if let Ok(done) = tokio::time::timeout(left_to_wait, &mut outcome).await {
             return done.unwrap_or(Err(PhoneError::Internal));
         }
         // Still queued: leave, nothing was done. Taken into a batch: its
@@ -195,6 +224,9 @@ impl<W: Write> Batcher<W> {
             let (batch, linger) = {
                 let mut queue = self.queue.lock().expect("batch queue lock");
                 let batch = take_batch::<W>(&mut queue.waiting);
+                if !batch.is_empty() {
+                    queue.batches_started += 1;
+                }
                 let linger = batch.is_empty() && !lingered && self.writer.has_follow_up();
                 if linger {
                     queue.lingering += 1;
