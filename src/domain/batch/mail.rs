@@ -79,20 +79,30 @@ impl Write for MailWrite {
         let bodies: Vec<&str> = sends.iter().map(|s| s.body.as_str()).collect();
         let reply_tos: Vec<Option<i64>> = sends.iter().map(|s| s.reply_to).collect();
         let threads: Vec<Option<i64>> = sends.iter().map(|s| s.thread_id).collect();
-        let keys: Vec<Option<&str>> =
-            sends.iter().map(|s| s.idempotency_key.as_deref()).collect();
+        let keys: Vec<Option<&str>> = sends.iter().map(|s| s.idempotency_key.as_deref()).collect();
         let to_ids: Vec<Option<i64>> = sends.iter().map(|s| s.to_id).collect();
         let poll_tokens: Vec<&[u8]> = polls.iter().map(|p| p.token.as_bytes()).collect();
-        let poll_claimed: Vec<Option<&str>> =
-            polls.iter().map(|p| p.claimed.as_deref()).collect();
+        let poll_claimed: Vec<Option<&str>> = polls.iter().map(|p| p.claimed.as_deref()).collect();
         let limits: Vec<i64> = polls.iter().map(|p| p.limit).collect();
         let to_wake = self.wakes.take();
         let rows = match client
             .query(
                 &stmt,
                 &[
-                    &tokens, &claimed, &to_names, &subjects, &bodies, &reply_tos, &threads, &keys,
-                    &to_ids, &poll_tokens, &poll_claimed, &limits, &self.cap, &to_wake,
+                    &tokens,
+                    &claimed,
+                    &to_names,
+                    &subjects,
+                    &bodies,
+                    &reply_tos,
+                    &threads,
+                    &keys,
+                    &to_ids,
+                    &poll_tokens,
+                    &poll_claimed,
+                    &limits,
+                    &self.cap,
+                    &to_wake,
                 ],
             )
             .await

@@ -181,7 +181,9 @@ impl<W: Write> Batcher<W> {
             tokio::spawn(self.clone().drain(tracing::Span::current()));
         } else {
             self.queued.notify_one();
-            if let Ok(done) = tokio::time::timeout(STALLED_AFTER.min(self.max_queue_wait), &mut outcome).await {
+            if let Ok(done) =
+                tokio::time::timeout(STALLED_AFTER.min(self.max_queue_wait), &mut outcome).await
+            {
                 return done.unwrap_or(Err(PhoneError::Internal));
             }
             let unstick = {
