@@ -35,27 +35,6 @@ async fn assert_no_waiters_left(db: &tokio_postgres::Client) {
     panic!("{waiters} waiter rows left behind");
 }
 
-async fn wait_until(db: &tokio_postgres::Client, what: &str, sql: &str) {
-    for _ in 0..250 {
-        if db.query_one(sql, &[]).await.unwrap().get::<_, bool>(0) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let activity: Vec<String> = db
-        .query(
-            "SELECT coalesce(wait_event_type, '-') || ' ' || coalesce(wait_event, '-') || ' ' || state || ' ' || left(regexp_replace(query, '\\s+', ' ', 'g'), 80)
-             FROM pg_stat_activity WHERE datname = current_database()",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    panic!("timed out waiting until {what}; sessions: {activity:#?}");
-}
-
 /// The race a wake-up must not lose: a send whose statement began before
 /// the poll registered as a waiter, and which commits after the poll's own
 /// last look at the inbox. Neither saw the other in its own snapshot; the

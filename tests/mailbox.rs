@@ -1111,3 +1111,80 @@ async fn one_inbox_with_a_huge_backlog_leaves_the_others_on_their_indexes() {
     );
     app.stop().await;
 }
+
+/// Sends and polls of a replica share one statement at a time (group
+/// commit). One stuck on a row lock must not hold up everybody else's mail
+/// on that replica until its lock timeout: the calls behind it start a
+/// batch of their own, and the stuck call still completes afterwards.
+#[tokio::test]
+async fn a_call_stuck_on_a_lock_does_not_hold_up_the_others() {
+    // The stuck call gives up after 3 s; a call may wait 5 s for its turn.
+    // Calls that waited for the stuck one would go through only after it
+    // gave up.
+    let app = spawn_app_on(
+        &fresh_database().await,
+        &[
+            ("PHONE_STATEMENT_TIMEOUT_MS", "3000"),
+            ("PHONE_POOL_TIMEOUT_MS", "5000"),
+        ],
+    )
+    .await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let bob = register(&c, "bob", "B", "p").await;
+    let carol = register(&c, "carol", "C", "p").await;
+    let mut db = app.db().await;
+    // Alice's send writes her presence, and will queue behind our lock on
+    // her row.
+    db.execute(
+        "UPDATE agents SET last_seen_at = NULL WHERE name = 'alice'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let lock = db.transaction().await.unwrap();
+    lock.execute("SELECT 1 FROM agents WHERE name = 'alice' FOR UPDATE", &[])
+        .await
+        .unwrap();
+    let stuck = {
+        let c = app.client().await;
+        let args = alice.with(json!({"to": "carol", "body": "stuck"}));
+        tokio::spawn(async move { ok(&c, "phone_send", args).await })
+    };
+    let watcher = app.db().await;
+    wait_until(
+        &watcher,
+        "alice's send waits for the row lock",
+        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                        WHERE wait_event_type = 'Lock' AND query LIKE '%unnest%')",
+    )
+    .await;
+
+    // Meanwhile bob and carol exchange mail on the same replica.
+    for i in 0..3 {
+        ok(
+            &c,
+            "phone_send",
+            bob.with(json!({"to": "carol", "body": format!("b{i}")})),
+        )
+        .await;
+    }
+    let got = ok(&c, "phone_inbox", carol.with(json!({"limit": 10}))).await;
+    let bodies: Vec<&str> = got["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["body"].as_str().unwrap())
+        .collect();
+    assert_eq!(bodies, ["b0", "b1", "b2"], "{got}");
+    assert!(
+        !stuck.is_finished(),
+        "alice's send ended (lock timeout) before the others went through: they waited for it"
+    );
+
+    lock.commit().await.unwrap();
+    let sent = stuck.await.unwrap();
+    let got = ok(&c, "phone_inbox", carol.with(json!({"limit": 10}))).await;
+    assert_eq!(got["messages"][0]["id"], sent["id"], "{got}");
+    assert_eq!(got["messages"][0]["body"], "stuck", "{got}");
+}

@@ -259,3 +259,26 @@ impl Agent {
         Value::Object(map)
     }
 }
+
+/// Polls `sql` (one boolean) until it is true, for up to 5 s; on timeout
+/// fails with what every session of the database is doing.
+pub async fn wait_until(db: &tokio_postgres::Client, what: &str, sql: &str) {
+    for _ in 0..250 {
+        if db.query_one(sql, &[]).await.unwrap().get::<_, bool>(0) {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let activity: Vec<String> = db
+        .query(
+            "SELECT coalesce(wait_event_type, '-') || ' ' || coalesce(wait_event, '-') || ' ' || state || ' ' || left(regexp_replace(query, '\\s+', ' ', 'g'), 80)
+             FROM pg_stat_activity WHERE datname = current_database()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    panic!("timed out waiting until {what}; sessions: {activity:#?}");
+}
