@@ -674,7 +674,10 @@ impl StmtStat {
     /// What a statement of the server is for, by its text.
     pub fn kind(&self) -> &'static str {
         let q = self.query.as_str();
-        if q.contains("INSERT INTO messages") {
+        if q.contains("INSERT INTO messages") && q.contains("SKIP LOCKED") {
+            // The server's group-commit statement: sends and polls together.
+            "send+poll"
+        } else if q.contains("INSERT INTO messages") {
             "send"
         } else if q.contains("SKIP LOCKED") {
             "poll"
