@@ -125,6 +125,7 @@ impl Phone {
                 wakes: Arc::default(),
             },
             pool.wait_timeout(),
+            pool.status().max_size,
         );
         Self {
             mail,

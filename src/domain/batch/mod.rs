@@ -38,8 +38,6 @@ const MAX_BATCH: usize = 64;
 /// say), and the calls behind it need not be. Far above a batch's usual
 /// few milliseconds, so it never fires under mere load.
 const STALLED_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
-/// Batches of one writer that may run at once when some are stuck.
-const MAX_IN_FLIGHT_STALLED: usize = 4;
 
 /// One statement that does the work of many calls.
 pub(crate) trait Write: Send + Sync + 'static {
@@ -129,6 +127,9 @@ pub(crate) struct Batcher<W: Write> {
     /// lock, it hears "busy, retry" in the same time as without batching
     /// (the chaos suite's lock test caught 2.98 s against 2.5 allowed).
     max_queue_wait: std::time::Duration,
+    /// Batches that may run at once when some are stuck: a few, and never
+    /// so many that other requests find the pool empty.
+    max_in_flight_stalled: usize,
 }
 
 impl<W: Write> Clone for Batcher<W> {
@@ -138,12 +139,14 @@ impl<W: Write> Clone for Batcher<W> {
             queue: self.queue.clone(),
             queued: self.queued.clone(),
             max_queue_wait: self.max_queue_wait,
+            max_in_flight_stalled: self.max_in_flight_stalled,
         }
     }
 }
 
 impl<W: Write> Batcher<W> {
-    pub fn new(writer: W, max_queue_wait: std::time::Duration) -> Self {
+    /// `max_queue_wait`: the pool timeout; `pool_size`: its connections.
+    pub fn new(writer: W, max_queue_wait: std::time::Duration, pool_size: usize) -> Self {
         Self {
             writer: Arc::new(writer),
             queue: Arc::new(Mutex::new(Queue {
@@ -155,6 +158,7 @@ impl<W: Write> Batcher<W> {
             })),
             queued: Arc::default(),
             max_queue_wait,
+            max_in_flight_stalled: (pool_size / 2).clamp(1, 4),
         }
     }
 
@@ -189,7 +193,7 @@ impl<W: Write> Batcher<W> {
             let unstick = {
                 let mut queue = self.queue.lock().expect("batch queue lock");
                 let stuck = queue.batches_started == started_before
-                    && queue.running < MAX_IN_FLIGHT_STALLED
+                    && queue.running < self.max_in_flight_stalled
                     && queue.waiting.iter().any(|(n, _, _)| *n == number);
                 if stuck {
                     queue.running += 1;
