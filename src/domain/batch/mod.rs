@@ -26,10 +26,10 @@ use super::{PhoneError, types::TokenHash};
 use crate::store::StoreError;
 
 /// Batches that may run at once on a replica (unless stuck, see
-/// [`STALLED_AFTER`]): the next batch forms while this one runs. Measured (`make bench-quick`, A/B alternated
-/// twice): with 2, batches were half the size for no gain in latency; with
-/// 1, 3 replicas at 64 connections went from 0.57-0.65x to 0.77-0.79x of
-/// the raw-SQL baseline and fixed-rate p99 from 25-32 ms to 18-20 ms.
+/// [`STALLED_AFTER`]): the next batch forms while this one runs. Measured
+/// (`make bench-quick`, A/B alternated twice): with 2, batches were half the
+/// size for no gain in latency and 15-25% fewer sends/s, even at 16
+/// connections where the cores were not saturated (bench/RESULTS.md).
 const MAX_IN_FLIGHT: usize = 1;
 /// At most this many calls per statement.
 const MAX_BATCH: usize = 64;
