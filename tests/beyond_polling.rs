@@ -46,32 +46,9 @@ async fn a_send_in_flight_while_the_poll_registers_still_wakes_it() {
     let c = app.client().await;
     let a = register(&c, "alice", "A", "p").await;
     let b = register(&c, "bob", "B", "p").await;
-    let mut db = app.db().await;
-    // The send's presence write will queue behind our lock on alice's row,
-    // with its snapshot already taken.
-    db.execute(
-        "UPDATE agents SET last_seen_at = NULL WHERE name = 'alice'",
-        &[],
-    )
-    .await
-    .unwrap();
-    let lock = db.transaction().await.unwrap();
-    lock.execute("SELECT 1 FROM agents WHERE name = 'alice' FOR UPDATE", &[])
-        .await
-        .unwrap();
-    let sending = {
-        let c = app.client().await;
-        let args = a.with(json!({"to": "bob", "body": "in flight"}));
-        tokio::spawn(async move { ok(&c, "phone_send", args).await })
-    };
+    let (lock, sending) =
+        send_held_by_a_row_lock(&app, &a, a.with(json!({"to": "bob", "body": "in flight"}))).await;
     let watcher = app.db().await;
-    wait_until(
-        &watcher,
-        "the send waits for the row lock",
-        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-                        WHERE wait_event_type = 'Lock' AND query LIKE '%unnest%')",
-    )
-    .await;
     let waiting = {
         let c = app.client().await;
         let args = b.with(json!({"wait_seconds": 20}));
@@ -90,7 +67,7 @@ async fn a_send_in_flight_while_the_poll_registers_still_wakes_it() {
     // Time for the poll's look after registering (it finds nothing: the
     // send has not committed).
     tokio::time::sleep(Duration::from_millis(300)).await;
-    lock.commit().await.unwrap();
+    lock.batch_execute("COMMIT").await.unwrap();
     let sent = sending.await.unwrap();
     let (out, elapsed) = waiting.await.unwrap();
     assert_eq!(ids(&out), [sent["id"].as_str().unwrap()]);

@@ -1133,30 +1133,10 @@ async fn a_call_stuck_on_a_lock_does_not_hold_up_the_others() {
     let alice = register(&c, "alice", "A", "p").await;
     let bob = register(&c, "bob", "B", "p").await;
     let carol = register(&c, "carol", "C", "p").await;
-    let mut db = app.db().await;
-    // Alice's send writes her presence, and will queue behind our lock on
-    // her row.
-    db.execute(
-        "UPDATE agents SET last_seen_at = NULL WHERE name = 'alice'",
-        &[],
-    )
-    .await
-    .unwrap();
-    let lock = db.transaction().await.unwrap();
-    lock.execute("SELECT 1 FROM agents WHERE name = 'alice' FOR UPDATE", &[])
-        .await
-        .unwrap();
-    let stuck = {
-        let c = app.client().await;
-        let args = alice.with(json!({"to": "carol", "body": "stuck"}));
-        tokio::spawn(async move { ok(&c, "phone_send", args).await })
-    };
-    let watcher = app.db().await;
-    wait_until(
-        &watcher,
-        "alice's send waits for the row lock",
-        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-                        WHERE wait_event_type = 'Lock' AND query LIKE '%unnest%')",
+    let (lock, stuck) = send_held_by_a_row_lock(
+        &app,
+        &alice,
+        alice.with(json!({"to": "carol", "body": "stuck"})),
     )
     .await;
 
@@ -1182,7 +1162,7 @@ async fn a_call_stuck_on_a_lock_does_not_hold_up_the_others() {
         "alice's send ended (lock timeout) before the others went through: they waited for it"
     );
 
-    lock.commit().await.unwrap();
+    lock.batch_execute("COMMIT").await.unwrap();
     let sent = stuck.await.unwrap();
     let got = ok(&c, "phone_inbox", carol.with(json!({"limit": 10}))).await;
     assert_eq!(got["messages"][0]["id"], sent["id"], "{got}");

@@ -282,3 +282,41 @@ pub async fn wait_until(db: &tokio_postgres::Client, what: &str, sql: &str) {
         .collect();
     panic!("timed out waiting until {what}; sessions: {activity:#?}");
 }
+
+/// A send held mid-statement, its snapshot taken: the sender's presence is
+/// made stale, so the statement's presence write queues behind a lock this
+/// takes on the sender's row. Returns once the send waits for it, with the
+/// connection that holds the lock (`COMMIT` lets the send go on) and the
+/// send itself.
+pub async fn send_held_by_a_row_lock(
+    app: &TestApp,
+    sender: &Agent,
+    args: Value,
+) -> (tokio_postgres::Client, tokio::task::JoinHandle<Value>) {
+    let lock = app.db().await;
+    lock.execute(
+        "UPDATE agents SET last_seen_at = NULL WHERE name = $1",
+        &[&sender.name],
+    )
+    .await
+    .unwrap();
+    lock.batch_execute("BEGIN").await.unwrap();
+    lock.execute(
+        "SELECT 1 FROM agents WHERE name = $1 FOR UPDATE",
+        &[&sender.name],
+    )
+    .await
+    .unwrap();
+    let sending = {
+        let c = app.client().await;
+        tokio::spawn(async move { ok(&c, "phone_send", args).await })
+    };
+    wait_until(
+        &app.db().await,
+        "the send waits for the row lock",
+        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                        WHERE wait_event_type = 'Lock' AND query LIKE '%unnest%')",
+    )
+    .await;
+    (lock, sending)
+}
