@@ -782,11 +782,10 @@ pub(crate) const SENDER_LOOKUP: &str = "LEFT JOIN LATERAL (
 /// limit, `$4` count cap, `$5` lease seconds.
 fn build_poll_sql(mode: InboxMode) -> String {
     let caller = caller_cte();
-    let available = AVAILABLE;
     let inbox = key_range("recipient_id", "me.id");
     let count_waiting = format!(
         "SELECT count(*) AS n FROM me CROSS JOIN LATERAL (
-             SELECT 1 FROM messages m WHERE {available}
+             SELECT 1 FROM messages m WHERE {AVAILABLE}
              ORDER BY {INBOX_ORDER} LIMIT $3 + $4) w"
     );
     match mode {
@@ -794,7 +793,7 @@ fn build_poll_sql(mode: InboxMode) -> String {
             "WITH {caller}
              SELECT me.id AS me_id, {POLLED_COLUMNS},
                     (SELECT count(*) FROM (
-                         SELECT 1 FROM messages m WHERE {available}
+                         SELECT 1 FROM messages m WHERE {AVAILABLE}
                          ORDER BY {INBOX_ORDER} LIMIT $4) w) AS waiting
              FROM me
              LEFT JOIN LATERAL (
@@ -809,7 +808,7 @@ fn build_poll_sql(mode: InboxMode) -> String {
             "WITH {caller},
                   picked AS (
                       SELECT {POLLED_FIELDS} FROM me CROSS JOIN LATERAL (
-                          SELECT * FROM messages m WHERE {available}
+                          SELECT * FROM messages m WHERE {AVAILABLE}
                           ORDER BY {INBOX_ORDER} LIMIT $3) m),
                   waiting AS ({count_waiting})
              SELECT me.id AS me_id, {POLLED_COLUMNS}, waiting.n AS waiting
@@ -832,7 +831,7 @@ fn build_poll_sql(mode: InboxMode) -> String {
                 "WITH {caller},
                  picked AS (
                      SELECT p.id FROM me CROSS JOIN LATERAL (
-                         SELECT m.id FROM messages m WHERE {available}
+                         SELECT m.id FROM messages m WHERE {AVAILABLE}
                          ORDER BY {INBOX_ORDER} LIMIT $3 FOR UPDATE SKIP LOCKED) p
                  ),
                  taken AS (

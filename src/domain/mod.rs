@@ -122,7 +122,7 @@ impl Phone {
             batch::mail::MailWrite {
                 pool: pool.clone(),
                 cap: messages::UNREAD_COUNT_CAP,
-                wakes: Arc::default(),
+                wakes: batch::PendingWakes::default(),
             },
             pool.wait_timeout(),
             pool.status().max_size,

@@ -5,8 +5,6 @@
 //! about 1.5 calls, so per-statement work (executor start-up, locks,
 //! commit, WAL flush) dominated.
 
-use std::sync::Arc;
-
 use super::{
     PendingWakes, Write,
     poll::{POLLERS, PollOutcome, QueuedPoll, polls},
@@ -35,7 +33,7 @@ pub(crate) struct MailWrite {
     pub cap: i64,
     /// Recipients of committed sends to wake: each statement takes them
     /// along, as it begins after their commit.
-    pub wakes: Arc<PendingWakes>,
+    pub wakes: PendingWakes,
 }
 
 impl Write for MailWrite {
