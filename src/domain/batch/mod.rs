@@ -70,9 +70,8 @@ pub(crate) trait Write: Send + Sync + 'static {
 
 /// Recipients of committed sends whose long polls are yet to be woken on
 /// any replica. The check must run in a statement that begins after those
-/// sends committed (see `send::wake_sql`): the next batch statement of
-/// either kind on this replica takes them along; when none begins soon,
-/// the send drain runs it alone.
+/// sends committed (see `send::wake_sql`): the next batch statement on this
+/// replica takes them along; when none begins soon, the drain runs it alone.
 #[derive(Default)]
 pub(crate) struct PendingWakes(Mutex<Vec<i64>>);
 
@@ -103,8 +102,16 @@ const LINGER: std::time::Duration = std::time::Duration::from_millis(2);
 
 type Reply<W> = oneshot::Sender<Result<<W as Write>::Outcome, PhoneError>>;
 
-/// A queued call: its number (to find it again), its work, its reply.
-type Queued<W> = (u64, <W as Write>::Item, Reply<W>);
+/// A queued call.
+struct Queued<W: Write> {
+    /// To find it again.
+    number: u64,
+    item: W::Item,
+    reply: Reply<W>,
+    /// The caller's request: a batch runs (is traced, logs) under the
+    /// request of its first call, so every line it logs has a trace id.
+    span: tracing::Span,
+}
 
 struct Queue<W: Write> {
     waiting: VecDeque<Queued<W>>,
@@ -169,7 +176,12 @@ impl<W: Write> Batcher<W> {
             let mut queue = self.queue.lock().expect("batch queue lock");
             queue.queued_total += 1;
             let number = queue.queued_total;
-            queue.waiting.push_back((number, item, reply));
+            queue.waiting.push_back(Queued {
+                number,
+                item,
+                reply,
+                span: tracing::Span::current(),
+            });
             // A lingering drain takes it at once; otherwise start one if allowed.
             let start = queue.lingering == 0 && queue.running < MAX_IN_FLIGHT;
             if start {
@@ -181,8 +193,8 @@ impl<W: Write> Batcher<W> {
         if start {
             // A task of its own, so a caller that goes away (a closed
             // connection drops its request) cannot abandon the others' work
-            // halfway. Its first batch is traced under this request.
-            tokio::spawn(self.clone().drain(tracing::Span::current()));
+            // halfway.
+            tokio::spawn(self.clone().drain());
         } else {
             self.queued.notify_one();
             if let Ok(done) =
@@ -194,14 +206,14 @@ impl<W: Write> Batcher<W> {
                 let mut queue = self.queue.lock().expect("batch queue lock");
                 let stuck = queue.batches_started == started_before
                     && queue.running < self.max_in_flight_stalled
-                    && queue.waiting.iter().any(|(n, _, _)| *n == number);
+                    && queue.waiting.iter().any(|q| q.number == number);
                 if stuck {
                     queue.running += 1;
                 }
                 stuck
             };
             if unstick {
-                tokio::spawn(self.clone().drain(tracing::Span::current()));
+                tokio::spawn(self.clone().drain());
             }
         }
         let left_to_wait = self.max_queue_wait.saturating_sub(queued_at.elapsed());
@@ -213,7 +225,7 @@ impl<W: Write> Batcher<W> {
         let left = {
             let mut queue = self.queue.lock().expect("batch queue lock");
             let before = queue.waiting.len();
-            queue.waiting.retain(|(n, _, _)| *n != number);
+            queue.waiting.retain(|q| q.number != number);
             queue.waiting.len() < before
         };
         if left {
@@ -223,8 +235,11 @@ impl<W: Write> Batcher<W> {
     }
 
     /// Writes batches until nobody waits.
-    async fn drain(self, first_span: tracing::Span) {
-        let mut span = Some(first_span);
+    async fn drain(self) {
+        // The request the last batch ran under: its follow-up runs there too
+        // (that request's trace then ends up to a linger and one statement
+        // later than its answer; its logged lines keep their trace id).
+        let mut last_span = tracing::Span::none();
         let mut lingered = false;
         loop {
             let (batch, linger) = {
@@ -252,26 +267,19 @@ impl<W: Write> Batcher<W> {
                 }
                 // Callers are answered; this only follows up their commits.
                 if self.writer.has_follow_up() {
-                    let span = span
-                        .take()
-                        .unwrap_or_else(|| tracing::info_span!("batch follow-up"));
-                    self.writer.follow_up().instrument(span).await;
+                    self.writer.follow_up().instrument(last_span).await;
                 }
                 return;
             }
             lingered = false;
-            let span = span
-                .take()
-                .unwrap_or_else(|| tracing::info_span!("batch", size = batch.len()));
-            self.write(batch).instrument(span).await;
+            last_span = batch[0].span.clone();
+            self.write(batch).instrument(last_span.clone()).await;
         }
     }
 
     async fn write(&self, batch: Vec<Queued<W>>) {
-        let (items, replies): (Vec<W::Item>, Vec<Reply<W>>) = batch
-            .into_iter()
-            .map(|(_, item, reply)| (item, reply))
-            .unzip();
+        let (items, replies): (Vec<W::Item>, Vec<Reply<W>>) =
+            batch.into_iter().map(|q| (q.item, q.reply)).unzip();
         match self.writer.write(&items).await {
             Ok(outcomes) => {
                 for (reply, outcome) in replies.into_iter().zip(outcomes) {
@@ -318,7 +326,7 @@ fn take_batch<W: Write>(waiting: &mut VecDeque<Queued<W>>) -> Vec<Queued<W>> {
         let Some(entry) = waiting.pop_front() else {
             break;
         };
-        match W::exclusive_key(&entry.1) {
+        match W::exclusive_key(&entry.item) {
             Some(key) if !keys.insert(key.0) => deferred.push_back(entry),
             _ => batch.push(entry),
         }
