@@ -108,6 +108,8 @@ const SEARCH_WORKERS: usize = 2;
 const GROWTH_AGENTS: i64 = 1000;
 const GROWTH_MEASURED: usize = 16;
 const DB_MIX: &str = "phone_bench";
+/// Run before each measured run of the mix database (server or pgbench).
+const SETTLE: &str = "VACUUM (ANALYZE) messages, agents";
 const DB_SEARCH: &str = "phone_bench_search";
 const DB_GROWTH: &str = "phone_bench_growth";
 const DB_WAKE: &str = "phone_bench_wake";
@@ -788,7 +790,7 @@ async fn run(opts: Opts) -> Result<(), String> {
             }
             if wants("rate") && peak > 0.0 {
                 let rate = (peak / 2.0).max(10.0);
-                let _ = bench_db.batch_execute("CHECKPOINT").await;
+                db::each(&bench_db, &[SETTLE, "CHECKPOINT"]).await?;
                 let server_pids = pids(&replicas);
                 let now = tokio::time::Instant::now();
                 let (out, (cpu, _)) = tokio::join!(
@@ -927,9 +929,11 @@ async fn mix_phase(
     let names: Vec<String> = (0..c).map(|i| format!("mix-r{r}-c{c}-{i:03}")).collect();
     let agents = load::register(&tg[0], &names, "bench").await?;
     let base = db::consecutive_ids(bench_db, &names).await?;
-    // Up-to-date statistics for the server and for pgbench alike, rather
-    // than an autovacuum ANALYZE landing in the middle of one of them.
-    db::each(bench_db, &["ANALYZE"]).await?;
+    // Both runs start alike: the last run's dead row versions vacuumed
+    // away (left behind, they cost the next run's polls heap visits) and
+    // statistics up to date, rather than autovacuum landing in the middle
+    // of one of them.
+    db::each(bench_db, &[SETTLE]).await?;
     let server_pids = pids(replicas);
 
     // CPU and database counters are read inside the measured window, while
@@ -961,6 +965,7 @@ async fn mix_phase(
     };
     let (sent_db, read_db) = db::count_window(bench_db, &names, from, to).await?;
 
+    db::each(bench_db, &[SETTLE]).await?;
     let _ = bench_db.batch_execute("CHECKPOINT").await;
     if pgss {
         let _ = db::statements_reset(admin).await;
@@ -2289,7 +2294,7 @@ fn render(
         let _ = writeln!(w, "\n## 1–2. Send+poll mix vs the raw-SQL limit\n");
         let _ = writeln!(
             w,
-            "Agents in pairs; each worker sends to its partner, then polls its own inbox (`limit` 10): sends and polls 1:1, closed loop. Sent and read counts come from the database afterwards (messages of this phase's agents with `sent_at` / `read_at` inside the measured window), not from responses. The baseline is `pgbench -M prepared` at the same concurrency on the same database right after: per transaction one `INSERT` (a send) and one `UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP LOCKED) RETURNING` (a poll), each its own autocommit transaction like the server's, same agent pairs, same body, same synchronous_commit. Ratio = server sends/s ÷ pgbench transactions/s.\n"
+            "Agents in pairs; each worker sends to its partner, then polls its own inbox (`limit` 10): sends and polls 1:1, closed loop. Sent and read counts come from the database afterwards (messages of this phase's agents with `sent_at` / `read_at` inside the measured window), not from responses. The baseline is `pgbench -M prepared` at the same concurrency on the same database right after (each run, server's or pgbench's, starts after `VACUUM (ANALYZE)` of the tables and a `CHECKPOINT`): per transaction one `INSERT` (a send) and one `UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP LOCKED) RETURNING` (a poll), each its own autocommit transaction like the server's, same agent pairs, same body, same synchronous_commit. Ratio = server sends/s ÷ pgbench transactions/s.\n"
         );
         if let Some(f) = r.fsync {
             let _ = writeln!(

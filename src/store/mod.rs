@@ -417,8 +417,14 @@ pub fn connect_pool(config: &Config) -> Result<Pool, StoreError> {
     // JIT off: with skewed statistics (one inbox holding most unread mail) a
     // generic plan's estimated cost passed jit_above_cost and every poll
     // compiled itself first: ~80 ms of LLVM for a statement of ~1 ms.
+    // Sequential scans off: every statement here finds its rows by key, and
+    // a connection keeps its plans until the statistics change. Planned
+    // while `messages` was nearly empty, the polls' UPDATE kept scanning the
+    // whole table as it grew to thousands of rows (in `make bench`: 750
+    // pages a poll after 10 s, half the throughput). Where no index serves a
+    // query, PostgreSQL still scans.
     pg.options(format!(
-        "-c statement_timeout={limit_ms} -c lock_timeout={limit_ms} -c jit=off"
+        "-c statement_timeout={limit_ms} -c lock_timeout={limit_ms} -c jit=off -c enable_seqscan=off"
     ));
     let manager = Manager::from_config(
         pg,

@@ -283,6 +283,58 @@ pub async fn wait_until(db: &tokio_postgres::Client, what: &str, sql: &str) {
     panic!("timed out waiting until {what}; sessions: {activity:#?}");
 }
 
+/// Scans of `messages` so far: (sequential scans, index scans, rows the
+/// index scans fetched). Counters reach the shared statistics up to a
+/// second after a backend goes idle; see [`messages_scans_after`].
+pub async fn messages_scans(db: &tokio_postgres::Client) -> (i64, i64, i64) {
+    db.batch_execute("SELECT pg_stat_clear_snapshot()")
+        .await
+        .unwrap();
+    let row = db
+        .query_one(
+            "SELECT coalesce(seq_scan, 0), coalesce(idx_scan, 0), coalesce(idx_tup_fetch, 0)
+             FROM pg_stat_user_tables WHERE relname = 'messages'",
+            &[],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1), row.get(2))
+}
+
+/// Zeroes the counters of `messages` once what came before has been
+/// reported, and returns the starting point for [`messages_scans_after`].
+pub async fn messages_scans_from_zero(db: &tokio_postgres::Client) -> (i64, i64, i64) {
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    db.batch_execute("SELECT pg_stat_reset_single_table_counters('messages'::regclass)")
+        .await
+        .unwrap();
+    messages_scans(db).await
+}
+
+/// Scans of `messages` since `before`, once at least `scans` of them
+/// (sequential or index) have been reported (waits up to 15 s).
+pub async fn messages_scans_after(
+    db: &tokio_postgres::Client,
+    before: (i64, i64, i64),
+    scans: i64,
+) -> (i64, i64, i64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        let (seq, idx, fetched) = messages_scans(db).await;
+        let since = (seq - before.0, idx - before.1, fetched - before.2);
+        if since.0 + since.1 >= scans || std::time::Instant::now() > deadline {
+            assert!(
+                since.0 + since.1 >= scans,
+                "scans not reported: {} sequential, {} index",
+                since.0,
+                since.1
+            );
+            return since;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
 /// A send held mid-statement, its snapshot taken: the sender's presence is
 /// made stale, so the statement's presence write queues behind a lock this
 /// takes on the sender's row. Returns once the send waits for it, with the
