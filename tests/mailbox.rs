@@ -1120,7 +1120,8 @@ async fn plans_made_on_an_empty_mailbox_still_use_the_indexes_once_it_fills() {
     for i in 0..6 {
         round(i).await;
     }
-    // Other agents' history arrives; nothing refreshes the statistics.
+    // History neither poll needs arrives (alice's notes to herself, read);
+    // nothing refreshes the statistics.
     db.batch_execute(
         "INSERT INTO messages (id, sender_id, recipient_id, body, thread_id, read_at)
          SELECT x.n, a.id, a.id, 'old ' || x.n, x.n, now()
