@@ -1,6 +1,12 @@
-//! Configuration from the environment, parsed once at startup.
+//! Configuration from the environment, parsed once at startup into each
+//! layer's own settings (`store::Settings`, `http::Settings`, …), which
+//! `startup` hands to them. No other module reads the environment's names.
 
 use std::{net::IpAddr, time::Duration};
+
+use crate::{http, store};
+
+pub use crate::telemetry::LogFormat;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -14,38 +20,18 @@ pub enum ConfigError {
     },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
-
 #[derive(Debug, Clone)]
 pub struct Config {
-    pub database_url: String,
+    /// PostgreSQL: URL, pool size and timeouts.
+    pub store: store::Settings,
+    /// The router: hosts and origins, body limit, request timeout, where
+    /// client addresses come from.
+    pub http: http::Settings,
+    /// Open connections and the header-read / keep-alive idle timeout.
+    pub connections: http::serve::ConnectionLimits,
     pub bind_address: IpAddr,
     pub port: u16,
-    /// Largest connection count this replica opens; replicas × this must stay
-    /// below Postgres' `max_connections` (see README).
-    pub pool_size: usize,
-    /// How long a request waits for a free connection before failing with a
-    /// retryable error instead of queueing without bound.
-    pub pool_timeout: Duration,
-    pub request_timeout: Duration,
-    /// Server-side limit on one SQL statement, and on waiting for a lock;
-    /// kept below the request timeout so a stuck statement frees its
-    /// connection and the caller gets a retryable error.
-    pub statement_timeout: Duration,
-    pub max_connections: usize,
-    /// Header-read and keep-alive idle timeout (slow or idle clients).
-    pub idle_timeout: Duration,
     pub shutdown_grace: Duration,
-    pub max_body_bytes: usize,
-    /// Host names (optionally host:port) accepted in the `Host` header, on
-    /// top of loopback. DNS-rebinding protection.
-    pub allowed_hosts: Vec<String>,
-    /// Browser origins (scheme://host[:port]) allowed to call `/mcp`.
-    pub allowed_origins: Vec<String>,
     pub log_filter: String,
     pub log_format: LogFormat,
     /// Failed authentications allowed per client address and per agent name
@@ -53,12 +39,6 @@ pub struct Config {
     pub auth_failure_limit: u32,
     /// New registrations allowed per client address per hour (0: unlimited).
     pub register_limit: u32,
-    /// Take the client address from the last `X-Forwarded-For` entry (set
-    /// this behind a proxy that appends it, like the bundled nginx).
-    pub trust_forwarded_for: bool,
-    /// Or take it from this header, set by the proxy in front (for example
-    /// `X-Real-IP` on Railway). Takes precedence over X-Forwarded-For.
-    pub client_ip_header: Option<http::HeaderName>,
 }
 
 impl Config {
@@ -110,63 +90,75 @@ impl Config {
 
         let request_timeout =
             Duration::from_millis(parse(&get, "PHONE_REQUEST_TIMEOUT_MS", 30_000)?);
+        // Kept below the request timeout, so a stuck statement frees its
+        // connection and the caller gets a retryable error.
+        let statement_timeout =
+            Duration::from_millis(parse(&get, "PHONE_STATEMENT_TIMEOUT_MS", 10_000)?)
+                .min(request_timeout.saturating_sub(Duration::from_millis(500)))
+                .max(Duration::from_millis(100));
+        let trust_forwarded_for: bool = parse(&get, "PHONE_TRUST_FORWARDED_FOR", false)?;
+        let client_ip_header = get("PHONE_CLIENT_IP_HEADER")
+            .filter(|v| !v.trim().is_empty())
+            .map(|v| {
+                ::http::HeaderName::try_from(v.trim()).map_err(|e| ConfigError::Invalid {
+                    name: "PHONE_CLIENT_IP_HEADER",
+                    value: v.clone(),
+                    reason: e.to_string(),
+                })
+            })
+            .transpose()?;
+        let client_address_from = match (client_ip_header, trust_forwarded_for) {
+            (Some(name), _) => http::ClientAddressFrom::Header(name),
+            (None, true) => http::ClientAddressFrom::ForwardedFor,
+            (None, false) => http::ClientAddressFrom::Peer,
+        };
         Ok(Self {
-            database_url,
-            bind_address: parse(&get, "PHONE_BIND", "0.0.0.0".parse().unwrap())?,
+            store: store::Settings {
+                database_url,
+                pool_size: bounded(
+                    parse(&get, "PHONE_POOL_SIZE", 10)?,
+                    "PHONE_POOL_SIZE",
+                    1,
+                    1000,
+                )?,
+                pool_timeout: Duration::from_millis(parse(&get, "PHONE_POOL_TIMEOUT_MS", 2000)?),
+                statement_timeout,
+            },
+            http: http::Settings {
+                allowed_hosts,
+                allowed_origins,
+                max_body_bytes: bounded(
+                    parse(&get, "PHONE_MAX_BODY_BYTES", 256 * 1024)?,
+                    "PHONE_MAX_BODY_BYTES",
+                    4096,
+                    16 * 1024 * 1024,
+                )?,
+                request_timeout,
+                client_address_from,
+            },
+            connections: http::serve::ConnectionLimits {
+                max_connections: bounded(
+                    parse(&get, "PHONE_MAX_CONNECTIONS", 1024)?,
+                    "PHONE_MAX_CONNECTIONS",
+                    1,
+                    1_000_000,
+                )?,
+                idle_timeout: Duration::from_secs(bounded(
+                    parse(&get, "PHONE_IDLE_TIMEOUT_SECS", 65)?,
+                    "PHONE_IDLE_TIMEOUT_SECS",
+                    1,
+                    3600,
+                )? as u64),
+            },
+            bind_address: parse(&get, "PHONE_BIND", IpAddr::from([0, 0, 0, 0]))?,
             port: parse(&get, "PORT", 3000)?,
-            pool_size: bounded(
-                parse(&get, "PHONE_POOL_SIZE", 10)?,
-                "PHONE_POOL_SIZE",
-                1,
-                1000,
-            )?,
-            pool_timeout: Duration::from_millis(parse(&get, "PHONE_POOL_TIMEOUT_MS", 2000)?),
-            request_timeout,
             shutdown_grace: Duration::from_secs(parse(&get, "PHONE_SHUTDOWN_GRACE_SECS", 20)?),
-            statement_timeout: Duration::from_millis(parse(
-                &get,
-                "PHONE_STATEMENT_TIMEOUT_MS",
-                10_000,
-            )?)
-            .min(request_timeout.saturating_sub(Duration::from_millis(500)))
-            .max(Duration::from_millis(100)),
-            max_connections: bounded(
-                parse(&get, "PHONE_MAX_CONNECTIONS", 1024)?,
-                "PHONE_MAX_CONNECTIONS",
-                1,
-                1_000_000,
-            )?,
-            idle_timeout: Duration::from_secs(bounded(
-                parse(&get, "PHONE_IDLE_TIMEOUT_SECS", 65)?,
-                "PHONE_IDLE_TIMEOUT_SECS",
-                1,
-                3600,
-            )? as u64),
-            max_body_bytes: bounded(
-                parse(&get, "PHONE_MAX_BODY_BYTES", 256 * 1024)?,
-                "PHONE_MAX_BODY_BYTES",
-                4096,
-                16 * 1024 * 1024,
-            )?,
-            allowed_hosts,
-            allowed_origins,
             log_filter: get("RUST_LOG")
                 .filter(|v| !v.is_empty())
                 .unwrap_or_else(|| "info".into()),
             log_format,
             auth_failure_limit: parse(&get, "PHONE_AUTH_FAILURE_LIMIT", 20)?,
             register_limit: parse(&get, "PHONE_REGISTER_LIMIT", 60)?,
-            trust_forwarded_for: parse(&get, "PHONE_TRUST_FORWARDED_FOR", false)?,
-            client_ip_header: get("PHONE_CLIENT_IP_HEADER")
-                .filter(|v| !v.trim().is_empty())
-                .map(|v| {
-                    http::HeaderName::try_from(v.trim()).map_err(|e| ConfigError::Invalid {
-                        name: "PHONE_CLIENT_IP_HEADER",
-                        value: v.clone(),
-                        reason: e.to_string(),
-                    })
-                })
-                .transpose()?,
         })
     }
 }
@@ -244,7 +236,7 @@ mod tests {
         .unwrap();
         assert_eq!(c.port, 3000);
         assert_eq!(
-            c.allowed_hosts,
+            c.http.allowed_hosts,
             ["a.example", "b.example", "phone.up.railway.app"]
         );
     }

@@ -1,11 +1,21 @@
 //! phone: a global mailbox and address book for AI agents, served over MCP.
+//!
+//! Layers, each importing only those below it:
+//!
+//! ```text
+//! startup   composition root: Config -> each layer's settings -> serve
+//! config    the environment, parsed into each layer's settings
+//! http      router, layers, /health, the accept loop
+//! mcp       tool definitions, argument parsing, wire types, rendering, errors
+//! domain    the rules, in plain types (no SQL, no wire format)
+//! store     pool, migrations, every SQL statement, group commit, LISTEN
+//! telemetry logs, traces, metrics (plain values in)
+//! ```
 
 pub mod config;
 pub mod domain;
 pub mod http;
 pub mod mcp;
-pub mod metrics;
-pub mod server;
 pub mod startup;
 pub mod store;
 pub mod telemetry;

@@ -1,19 +1,17 @@
-//! Building and running the application: migrate, pool, bind, serve, and
-//! shut down gracefully.
+//! Building and running the application: the composition root that hands
+//! each layer its settings. Migrate, open the store, bind, serve, and shut
+//! down gracefully.
 
 use std::{future::Future, net::SocketAddr, time::Duration};
 
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use std::sync::Arc;
-
 use crate::{
     config::Config,
-    domain::{Phone, limits::Limits, wakeup::Wakeup},
-    http,
-    server::{self, ConnectionLimits},
-    store,
+    domain::{Phone, limits::Limits, messages::UNREAD_COUNT_CAP},
+    http::{self, serve::ConnectionLimits},
+    store::{self, Store},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -39,31 +37,22 @@ pub struct Application {
 
 impl Application {
     pub async fn build(config: &Config) -> Result<Self, StartupError> {
-        store::migrate(&config.database_url).await?;
-        let pool = store::connect_pool(config)?;
+        store::migrate(&config.store.database_url).await?;
         let stopping = CancellationToken::new();
-        let wakeup = Arc::new(Wakeup::default());
-        tokio::spawn(
-            wakeup
-                .clone()
-                .listen(config.database_url.clone(), stopping.clone()),
-        );
+        let store = Store::open(&config.store, UNREAD_COUNT_CAP, stopping.clone())?;
         let limits = Limits::new(config.auth_failure_limit, config.register_limit);
-        let phone = Phone::new(pool, wakeup, stopping.clone(), limits);
+        let phone = Phone::new(store, stopping.clone(), limits);
         let addr = SocketAddr::new(config.bind_address, config.port);
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| StartupError::Bind { addr, source })?;
         Ok(Self {
-            router: http::router(config, phone.clone()),
+            router: http::router(&config.http, phone.clone()),
             listener,
             phone,
             grace: config.shutdown_grace,
             stopping,
-            connection_limits: ConnectionLimits {
-                max_connections: config.max_connections,
-                idle_timeout: config.idle_timeout,
-            },
+            connection_limits: config.connections,
         })
     }
 
@@ -80,7 +69,7 @@ impl Application {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let stop = CancellationToken::new();
-        let serving = tokio::spawn(server::serve(
+        let serving = tokio::spawn(http::serve::serve(
             self.listener,
             self.router,
             self.connection_limits,
@@ -96,7 +85,7 @@ impl Application {
         // Long polls return at once instead of holding the drain.
         self.stopping.cancel();
         let outcome = serving.await.map_err(std::io::Error::other);
-        self.phone.pool().close();
+        self.phone.store().close();
         outcome
     }
 }

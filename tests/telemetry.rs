@@ -340,7 +340,7 @@ async fn off_scenario(format: LogFormat) {
     assert!(config.otlp.is_none(), "no OTEL variables: no export");
     let telemetry = telemetry::init_with(config).expect("telemetry installs");
     assert!(!telemetry.exporting());
-    assert!(!phone::metrics::enabled());
+    assert!(!phone::telemetry::metrics::enabled());
 
     let app = spawn_app().await;
     let traceparent = std::env::var("TEST_TRACEPARENT").unwrap();
@@ -377,7 +377,7 @@ async fn export_scenario() {
         }),
     })
     .expect("telemetry installs");
-    assert!(telemetry.exporting() && phone::metrics::enabled());
+    assert!(telemetry.exporting() && phone::telemetry::metrics::enabled());
 
     let app = spawn_app().await;
     let client = app.client().await;

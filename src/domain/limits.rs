@@ -13,12 +13,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use chrono::{DateTime, Utc};
+use super::{AgentName, Phone, PhoneError, types::timestamp};
+use crate::store;
 
-use super::{
-    Phone, PhoneError,
-    agents::{AUTH_FAILURES, timestamp},
-};
+/// What a blocked caller was doing too often, as its error says.
+pub(crate) const AUTH_FAILURES: &str = "failed authentication attempts";
+pub(crate) const REGISTRATIONS: &str = "registrations";
 
 pub const AUTH_WINDOW: Duration = Duration::from_secs(300);
 pub const REGISTER_WINDOW: Duration = Duration::from_secs(3600);
@@ -75,6 +75,10 @@ pub fn register_bucket(address: &str) -> String {
 }
 
 impl Phone {
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
     /// Refuses at once when this replica knows `bucket` is blocked.
     pub(crate) fn check_block(&self, bucket: &str, what: &'static str) -> Result<(), PhoneError> {
         match self.limits().blocked_until(bucket) {
@@ -100,28 +104,41 @@ impl Phone {
         if limit == 0 {
             return Ok(());
         }
-        let client = self.pool().get().await?;
-        let stmt = client
-            .prepare_cached(
-                "INSERT INTO rate_limits AS r (bucket, window_start, hits) VALUES ($1, now(), 1)
-                 ON CONFLICT (bucket) DO UPDATE SET
-                     hits = CASE WHEN r.window_start <= now() - make_interval(secs => $2) THEN 1 ELSE r.hits + 1 END,
-                     window_start = CASE WHEN r.window_start <= now() - make_interval(secs => $2) THEN now() ELSE r.window_start END
-                 RETURNING hits, window_start + make_interval(secs => $2) AS resets_at,
-                           extract(epoch FROM window_start + make_interval(secs => $2) - now())::float8 AS seconds_left",
+        let db = self.store.db().await?;
+        let count = store::limits::count_hit(&db, &bucket, window).await?;
+        if count.hits > i64::from(limit) {
+            let retry_at = timestamp(count.resets_at);
+            tracing::warn!(bucket = %bucket, hits = count.hits, "rate limit reached");
+            self.limits()
+                .remember(bucket, Instant::now() + count.left, retry_at.clone());
+            return Err(PhoneError::RateLimited { what, retry_at });
+        }
+        Ok(())
+    }
+
+    /// Counts a failed authentication against the client's address and the
+    /// name it claimed; returns the rate-limit error once either is over.
+    pub(crate) async fn count_auth_failure(
+        &self,
+        client_address: &str,
+        claimed: Option<&AgentName>,
+    ) -> Result<(), PhoneError> {
+        let limit = self.limits().auth_failures;
+        self.count(
+            auth_bucket_for_address(client_address),
+            AUTH_WINDOW,
+            limit,
+            AUTH_FAILURES,
+        )
+        .await?;
+        if let Some(name) = claimed {
+            self.count(
+                auth_bucket_for_name(name.as_str()),
+                AUTH_WINDOW,
+                limit,
+                AUTH_FAILURES,
             )
             .await?;
-        let row = client
-            .query_one(&stmt, &[&bucket, &window.as_secs_f64()])
-            .await?;
-        let hits: i32 = row.get("hits");
-        if hits as i64 > i64::from(limit) {
-            let retry_at = timestamp(row.get::<_, DateTime<Utc>>("resets_at"));
-            let left = Duration::from_secs_f64(row.get::<_, f64>("seconds_left").max(0.0));
-            tracing::warn!(bucket = %bucket, hits, "rate limit reached");
-            self.limits()
-                .remember(bucket, Instant::now() + left, retry_at.clone());
-            return Err(PhoneError::RateLimited { what, retry_at });
         }
         Ok(())
     }

@@ -1,20 +1,26 @@
-//! The mailbox and the address book: the rules, and the SQL that enforces them.
+//! The mailbox and the address book: the rules, in plain types. What is
+//! stored and how is `store`'s; what goes over the wire is `mcp`'s.
+//!
+//! - `types`: values that parse on the way in (names, tokens, ids, text).
+//! - `agents`: registering, authenticating, token rotation, unregistering.
+//! - `search`: directory queries and their paging.
+//! - `messages`: sending, replying, polling (read, lease, peek, history,
+//!   long polls), acknowledging, outbox and threads.
+//! - `limits`: rate limits on failed authentication and registration.
 
 pub mod agents;
-mod batch;
 pub mod limits;
 pub mod messages;
+pub mod search;
 pub mod types;
-pub mod wakeup;
 
 use std::sync::Arc;
 
-use crate::store::Pool;
 use tokio_util::sync::CancellationToken;
 
-pub use types::{AgentName, IdempotencyKey, InvalidInput, MessageId, Token};
+pub use types::{AgentName, IdempotencyKey, InvalidInput, MessageId, Token, TokenHash};
 
-use crate::store::StoreError;
+use crate::store::{Store, StoreError};
 
 /// Everything a tool call can fail with. Each variant is something the agent
 /// can act on; the MCP layer turns it into a one-line tool error.
@@ -53,13 +59,7 @@ impl From<StoreError> for PhoneError {
     fn from(err: StoreError) -> Self {
         if err.is_unavailable() {
             tracing::warn!(error = %err, "database unavailable");
-            let timed_out = matches!(&err, StoreError::Query(e)
-                if e.code().is_some_and(|c| c.code() == "57014" || c.code() == "55P03"));
-            match err {
-                StoreError::Unavailable(reason) => Self::Unavailable(reason),
-                _ if timed_out => Self::Unavailable("the database is busy".into()),
-                _ => Self::Unavailable("database unreachable".into()),
-            }
+            Self::Unavailable(err.unavailable_reason())
         } else {
             tracing::error!(error = %err, "database error");
             Self::Internal
@@ -67,20 +67,8 @@ impl From<StoreError> for PhoneError {
     }
 }
 
-impl From<tokio_postgres::Error> for PhoneError {
-    fn from(err: tokio_postgres::Error) -> Self {
-        StoreError::from(err).into()
-    }
-}
-
-impl From<deadpool_postgres::PoolError> for PhoneError {
-    fn from(err: deadpool_postgres::PoolError) -> Self {
-        StoreError::from(err).into()
-    }
-}
-
 impl PhoneError {
-    /// A short machine-readable kind, for logs and traces.
+    /// A short machine-readable kind, for logs, traces and metrics.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Invalid(_) => "invalid_argument",
@@ -101,51 +89,23 @@ impl PhoneError {
 /// The domain's entry point: cheap to clone, shared by every request.
 #[derive(Clone)]
 pub struct Phone {
-    pool: Pool,
-    wakeup: Arc<wakeup::Wakeup>,
+    store: Store,
     /// Cancelled at shutdown, so long polls return at once.
     shutdown: CancellationToken,
     limits: Arc<limits::Limits>,
-    /// Sends and read polls in flight on this replica, written together
-    /// (group commit).
-    mail: batch::Batcher<batch::mail::MailWrite>,
 }
 
 impl Phone {
-    pub fn new(
-        pool: Pool,
-        wakeup: Arc<wakeup::Wakeup>,
-        shutdown: CancellationToken,
-        limits: limits::Limits,
-    ) -> Self {
-        let mail = batch::Batcher::new(
-            batch::mail::MailWrite {
-                pool: pool.clone(),
-                cap: messages::UNREAD_COUNT_CAP,
-                wakes: batch::PendingWakes::default(),
-            },
-            pool.wait_timeout(),
-            pool.status().max_size,
-        );
+    pub fn new(store: Store, shutdown: CancellationToken, limits: limits::Limits) -> Self {
         Self {
-            mail,
-            pool,
-            wakeup,
+            store,
             shutdown,
             limits: Arc::new(limits),
         }
     }
 
-    pub fn limits(&self) -> &limits::Limits {
-        &self.limits
-    }
-
-    pub fn pool(&self) -> &Pool {
-        &self.pool
-    }
-
-    pub fn wakeup(&self) -> &Arc<wakeup::Wakeup> {
-        &self.wakeup
+    pub fn store(&self) -> &Store {
+        &self.store
     }
 }
 
@@ -154,37 +114,17 @@ impl Phone {
 /// call costs one round trip; the rest verify it first with `authenticate`.
 #[derive(Clone)]
 pub struct Credentials {
-    pub token: types::TokenHash,
+    pub token: TokenHash,
     /// The `name` argument, when given: it must match the token's agent.
     pub claimed: Option<AgentName>,
     /// The caller's network address, for rate limits.
     pub client_address: String,
 }
 
-/// The presence write, at most once a minute per agent: `callers` selects
-/// the `id` and `last_seen_at` of the verified callers. Only stale callers
-/// become keys, so a fresh one costs no index lookup; the staleness test is
-/// repeated in the WHERE so that concurrent calls re-check it on the locked
-/// row.
-pub(crate) fn presence_write(callers: &str) -> String {
-    const STALE: &str = "(last_seen_at IS NULL OR last_seen_at < now() - interval '60 seconds')";
-    format!(
-        "UPDATE agents SET last_seen_at = now()
-         WHERE id = ANY (ARRAY(SELECT id FROM ({callers}) c WHERE {STALE})) AND {STALE}"
-    )
-}
-
-/// The clause every one-round-trip statement of a single call starts with:
-/// the caller (`me`), by token digest ($1) and optional claimed name ($2),
-/// and its presence write.
-pub(crate) fn caller_cte() -> String {
-    format!(
-        "me AS (
-        SELECT id, name, last_seen_at FROM agents
-        WHERE token_hash = $1 AND unregistered_at IS NULL AND ($2::text IS NULL OR name = $2)),
-     touched AS ({})",
-        presence_write("SELECT id, last_seen_at FROM me")
-    )
+impl Credentials {
+    fn claimed_name(&self) -> Option<&str> {
+        self.claimed.as_ref().map(AgentName::as_str)
+    }
 }
 
 /// An agent whose token was verified for this request.

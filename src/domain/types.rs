@@ -3,7 +3,13 @@
 use std::fmt;
 
 use base64::Engine as _;
+use chrono::{DateTime, SecondsFormat, Utc};
 use sha2::{Digest, Sha256};
+
+/// How every time is written for agents: RFC 3339, UTC, milliseconds.
+pub fn timestamp(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
 
 /// Why an argument was refused, phrased for the agent that sent it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1,52 +1,37 @@
-//! The MCP tool surface: thin. Parse arguments, authenticate, call the
-//! domain, render. Domain errors become tool errors in `tool_error`.
+//! The MCP tool surface, thin: parse the arguments (`args`), authenticate
+//! (`auth`), call the domain, answer with wire types (`wire`) and their text
+//! rendering (`render`). Domain errors become tool errors in one place
+//! (`errors`). The tool definitions a model reads are in `tools`.
 
 mod args;
+mod auth;
+mod errors;
 mod render;
 pub mod tools;
+pub mod wire;
 
 use std::sync::Arc;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
+    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ErrorData as McpError, ServerHandler};
-use serde::Serialize;
 use tracing::Instrument;
 
-use crate::domain::agents::{RegisterRequest, SearchRequest};
-use crate::domain::messages::{self, InboxRequest, SendRequest};
-use crate::domain::{
-    AgentName, Caller, Credentials, InvalidInput, MessageId, Phone, PhoneError, Token,
-};
+use crate::domain::agents::RegisterRequest;
+use crate::domain::messages::{self, InboxMode, InboxRequest, SendRequest};
+use crate::domain::search::{SEARCH_LIMIT_MAX, SearchRequest};
+use crate::domain::{MessageId, Phone, PhoneError};
+use crate::telemetry::metrics;
 use args::Args;
-
-/// Where the caller's address comes from, for rate limits.
-#[derive(Debug, Clone)]
-pub enum ClientAddressFrom {
-    Peer,
-    /// The last X-Forwarded-For entry (the one the trusted proxy appended).
-    ForwardedFor,
-    /// A header the trusted proxy sets, e.g. X-Real-IP.
-    Header(http::HeaderName),
-}
-
-impl ClientAddressFrom {
-    pub fn from_config(config: &crate::config::Config) -> Self {
-        match (&config.client_ip_header, config.trust_forwarded_for) {
-            (Some(name), _) => Self::Header(name.clone()),
-            (None, true) => Self::ForwardedFor,
-            (None, false) => Self::Peer,
-        }
-    }
-}
+pub use auth::ClientAddress;
+use errors::{success, tool_error};
 
 /// Built once; every request's handler is an `Arc` clone of it.
 pub struct Surface {
     phone: Phone,
-    client_address_from: ClientAddressFrom,
     tools: Vec<Tool>,
     info: ServerConfig,
 }
@@ -55,7 +40,7 @@ pub struct Surface {
 pub struct PhoneServer(Arc<Surface>);
 
 impl PhoneServer {
-    pub fn new(phone: Phone, client_address_from: ClientAddressFrom) -> Self {
+    pub fn new(phone: Phone) -> Self {
         let info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(
                 Implementation::new("phone", env!("CARGO_PKG_VERSION"))
@@ -64,7 +49,6 @@ impl PhoneServer {
             .with_instructions(tools::INSTRUCTIONS);
         Self(Arc::new(Surface {
             phone,
-            client_address_from,
             tools: tools::definitions(),
             info,
         }))
@@ -73,6 +57,13 @@ impl PhoneServer {
     pub fn tools(&self) -> &[Tool] {
         &self.0.tools
     }
+}
+
+/// What a successful call delivered, for the message counters.
+#[derive(Default)]
+struct Delivered {
+    sent: u64,
+    read: Option<(&'static str, u64)>,
 }
 
 impl ServerHandler for PhoneServer {
@@ -93,41 +84,44 @@ impl ServerHandler for PhoneServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let name = request.name.as_ref();
-        if !self.0.tools.iter().any(|t| t.name == name) {
+        let Some(tool) = tools::NAMES
+            .iter()
+            .copied()
+            .find(|t| *t == request.name.as_ref())
+        else {
             return Err(McpError::invalid_params(
                 format!(
                     "unknown tool '{}'; this server has: {}",
-                    name.chars().take(64).collect::<String>(),
-                    self.0
-                        .tools
-                        .iter()
-                        .map(|t| t.name.as_ref())
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    request.name.chars().take(64).collect::<String>(),
+                    tools::NAMES.join(", ")
                 ),
                 None,
             ));
-        }
+        };
         let started = std::time::Instant::now();
         let span = tracing::info_span!(
             "tool",
-            otel.name = %format_args!("tools/call {name}"),
+            otel.name = %format_args!("tools/call {tool}"),
             otel.status_code = tracing::field::Empty,
-            tool = %name,
+            tool = %tool,
             agent = tracing::field::Empty,
             outcome = tracing::field::Empty,
             error.kind = tracing::field::Empty
         );
-        let result = self
-            .dispatch(&request, &context)
+        let outcome = self
+            .dispatch(tool, &request, &context)
             .instrument(span.clone())
             .await;
-        let mut error_kind = None;
-        let result = match result {
-            Ok(result) => {
+        let (result, call) = match outcome {
+            Ok((result, delivered)) => {
                 span.record("outcome", "ok");
-                result
+                let call = metrics::ToolCall {
+                    tool,
+                    error_kind: None,
+                    messages_sent: delivered.sent,
+                    messages_read: delivered.read,
+                };
+                (result, call)
             }
             Err(err) => {
                 span.record("outcome", "error");
@@ -135,11 +129,16 @@ impl ServerHandler for PhoneServer {
                 if matches!(err, PhoneError::Internal | PhoneError::Unavailable(_)) {
                     span.record("otel.status_code", "error");
                 }
-                error_kind = Some(err.kind());
-                tool_error(&err)
+                let call = metrics::ToolCall {
+                    tool,
+                    error_kind: Some(err.kind()),
+                    messages_sent: 0,
+                    messages_read: None,
+                };
+                (tool_error(&err), call)
             }
         };
-        crate::metrics::tool_call(&request, &result, error_kind, started.elapsed());
+        metrics::tool_call(call, started.elapsed());
         Ok(result.into())
     }
 }
@@ -147,14 +146,16 @@ impl ServerHandler for PhoneServer {
 impl PhoneServer {
     async fn dispatch(
         &self,
+        tool: &'static str,
         request: &CallToolRequestParams,
         context: &RequestContext<RoleServer>,
-    ) -> Result<CallToolResult, PhoneError> {
+    ) -> Result<(CallToolResult, Delivered), PhoneError> {
         let phone = &self.0.phone;
         let arguments = request.arguments.as_ref();
-        match request.name.as_ref() {
+        let nothing = Delivered::default;
+        match tool {
             tools::REGISTER => {
-                let args = Args::new(tools::REGISTER, arguments, tools::REGISTER_ARGS)?;
+                let args = Args::new(tool, arguments, tools::REGISTER_ARGS)?;
                 let req = RegisterRequest::parse(
                     args.required_str("name")?,
                     args.required_str("description")?,
@@ -162,22 +163,24 @@ impl PhoneServer {
                     args.str("token")?,
                 )?;
                 tracing::Span::current().record("agent", req.name.as_str());
-                let out = phone.register(req, &self.client_address(context)).await?;
-                Ok(success(&out, render::registration(&out)))
+                let out = wire::Registration::from(
+                    phone.register(req, &auth::client_address(context)).await?,
+                );
+                Ok((success(&out, render::registration(&out)), nothing()))
             }
             tools::SEARCH => {
-                let args = Args::new(tools::SEARCH, arguments, tools::SEARCH_ARGS)?;
+                let args = Args::new(tool, arguments, tools::SEARCH_ARGS)?;
                 let req = SearchRequest::parse(
                     args.str("query")?,
                     args.str("project")?,
-                    args.int("limit", 1, crate::domain::agents::SEARCH_LIMIT_MAX)?,
+                    args.int("limit", 1, SEARCH_LIMIT_MAX)?,
                     args.str("cursor")?,
                 )?;
-                let out = phone.search(req).await?;
-                Ok(success(&out, render::search(&out)))
+                let out = wire::SearchResult::from(phone.search(req).await?);
+                Ok((success(&out, render::search(&out)), nothing()))
             }
             tools::SEND => {
-                let args = Args::new(tools::SEND, arguments, tools::SEND_ARGS)?;
+                let args = Args::new(tool, arguments, tools::SEND_ARGS)?;
                 let req = SendRequest::parse(
                     args.str("to")?,
                     args.required_str("body")?,
@@ -185,13 +188,18 @@ impl PhoneServer {
                     args.str("reply_to")?,
                     args.str("idempotency_key")?,
                 )?;
-                let creds = self.credentials(&args, context)?;
-                let out = phone.send(&creds, req).await?;
-                record_agent(&creds);
-                Ok(success(&out, render::sent(&out)))
+                let creds = auth::credentials(&args, context)?;
+                let sent = phone.send(&creds, req).await?;
+                auth::record_agent(&creds);
+                let delivered = Delivered {
+                    sent: u64::from(!sent.replayed),
+                    read: None,
+                };
+                let out = wire::Sent::from(sent);
+                Ok((success(&out, render::sent(&out)), delivered))
             }
             tools::INBOX => {
-                let args = Args::new(tools::INBOX, arguments, tools::INBOX_ARGS)?;
+                let args = Args::new(tool, arguments, tools::INBOX_ARGS)?;
                 let req = InboxRequest::parse(
                     args.int("limit", 1, messages::INBOX_LIMIT_MAX)?,
                     args.bool("peek")?,
@@ -200,20 +208,30 @@ impl PhoneServer {
                     args.int("lease_seconds", 1, messages::LEASE_SECONDS_MAX)?,
                     args.int("wait_seconds", 0, messages::WAIT_SECONDS_MAX)?,
                 )?;
-                let creds = self.credentials(&args, context)?;
-                let out = phone.inbox(&creds, req).await?;
-                record_agent(&creds);
-                Ok(success(&out, render::inbox(&out)))
+                let creds = auth::credentials(&args, context)?;
+                let inbox = phone.inbox(&creds, req).await?;
+                auth::record_agent(&creds);
+                let n = inbox.messages.len() as u64;
+                let read = match req.mode {
+                    InboxMode::Read => Some(("read", n)),
+                    InboxMode::Lease { .. } => Some(("lease", n)),
+                    InboxMode::Peek | InboxMode::History => None,
+                };
+                let out = wire::Inbox::from(inbox);
+                Ok((
+                    success(&out, render::inbox(&out)),
+                    Delivered { sent: 0, read },
+                ))
             }
             tools::ACK => {
-                let args = Args::new(tools::ACK, arguments, tools::ACK_ARGS)?;
+                let args = Args::new(tool, arguments, tools::ACK_ARGS)?;
                 let ids = messages::parse_ack_ids(&args.str_list("ids")?)?;
-                let me = self.authenticate(&args, context).await?;
-                let out = phone.ack(&me, &ids).await?;
-                Ok(success(&out, render::acked(&out)))
+                let me = auth::authenticate(phone, &args, context).await?;
+                let out = wire::Acked::from(phone.ack(&me, &ids).await?);
+                Ok((success(&out, render::acked(&out)), nothing()))
             }
             tools::OUTBOX => {
-                let args = Args::new(tools::OUTBOX, arguments, tools::OUTBOX_ARGS)?;
+                let args = Args::new(tool, arguments, tools::OUTBOX_ARGS)?;
                 let limit = args
                     .int("limit", 1, messages::LIST_LIMIT_MAX)?
                     .unwrap_or(20);
@@ -221,12 +239,12 @@ impl PhoneServer {
                     .str("cursor")?
                     .map(messages::decode_cursor)
                     .transpose()?;
-                let me = self.authenticate(&args, context).await?;
-                let out = phone.outbox(&me, limit, before).await?;
-                Ok(success(&out, render::outbox(&out)))
+                let me = auth::authenticate(phone, &args, context).await?;
+                let out = wire::Outbox::from(phone.outbox(&me, limit, before).await?);
+                Ok((success(&out, render::outbox(&out)), nothing()))
             }
             tools::THREAD => {
-                let args = Args::new(tools::THREAD, arguments, tools::THREAD_ARGS)?;
+                let args = Args::new(tool, arguments, tools::THREAD_ARGS)?;
                 let message_id = MessageId::parse("message_id", args.required_str("message_id")?)?;
                 let limit = args
                     .int("limit", 1, messages::LIST_LIMIT_MAX)?
@@ -235,143 +253,23 @@ impl PhoneServer {
                     .str("cursor")?
                     .map(messages::decode_cursor)
                     .transpose()?;
-                let me = self.authenticate(&args, context).await?;
-                let out = phone.thread(&me, message_id, limit, after).await?;
-                Ok(success(&out, render::thread(&out)))
+                let me = auth::authenticate(phone, &args, context).await?;
+                let out = wire::Thread::from(phone.thread(&me, message_id, limit, after).await?);
+                Ok((success(&out, render::thread(&out)), nothing()))
             }
             tools::ROTATE => {
-                let args = Args::new(tools::ROTATE, arguments, tools::AUTH_ARGS)?;
-                let me = self.authenticate(&args, context).await?;
-                let out = phone.rotate_token(&me).await?;
-                Ok(success(&out, render::rotated(&out)))
+                let args = Args::new(tool, arguments, tools::AUTH_ARGS)?;
+                let me = auth::authenticate(phone, &args, context).await?;
+                let out = wire::Rotated::from(phone.rotate_token(&me).await?);
+                Ok((success(&out, render::rotated(&out)), nothing()))
             }
             tools::UNREGISTER => {
-                let args = Args::new(tools::UNREGISTER, arguments, tools::AUTH_ARGS)?;
-                let me = self.authenticate(&args, context).await?;
-                let out = phone.unregister(&me).await?;
-                Ok(success(&out, render::unregistered(&out)))
+                let args = Args::new(tool, arguments, tools::AUTH_ARGS)?;
+                let me = auth::authenticate(phone, &args, context).await?;
+                let out = wire::Unregistered::from(phone.unregister(&me).await?);
+                Ok((success(&out, render::unregistered(&out)), nothing()))
             }
             _ => Err(PhoneError::Internal),
         }
     }
-
-    /// Identity comes from the token only: from the `token` argument or an
-    /// `Authorization: Bearer` header. A `name`, when given, must match it.
-    /// Checks the token first (one query), for the tools off the hot path.
-    async fn authenticate(
-        &self,
-        args: &Args<'_>,
-        context: &RequestContext<RoleServer>,
-    ) -> Result<Caller, PhoneError> {
-        let creds = self.credentials(args, context)?;
-        let caller = self.0.phone.authenticate(&creds).await?;
-        tracing::Span::current().record("agent", caller.name.as_str());
-        Ok(caller)
-    }
-
-    /// The presented credentials, parsed but not yet verified: send and
-    /// inbox verify them inside their own statement.
-    fn credentials(
-        &self,
-        args: &Args<'_>,
-        context: &RequestContext<RoleServer>,
-    ) -> Result<Credentials, PhoneError> {
-        let claimed = args
-            .str("name")?
-            .map(|n| AgentName::parse("name", n))
-            .transpose()?;
-        let from_args = args.str("token")?.map(Token::parse).transpose()?;
-        let from_header = bearer_token(context)?;
-        let token = match (from_args, from_header) {
-            (Some(a), Some(h)) if a.hash() != h.hash() => {
-                return Err(PhoneError::Unauthenticated(
-                    "the `token` argument and the Authorization header carry different tokens; send only one",
-                ));
-            }
-            (Some(t), _) | (None, Some(t)) => t,
-            (None, None) => {
-                return Err(PhoneError::Unauthenticated(
-                    "authentication required: pass `name` and `token` from phone_register, or an Authorization: Bearer header",
-                ));
-            }
-        };
-        Ok(Credentials {
-            token: token.hash(),
-            claimed,
-            client_address: self.client_address(context),
-        })
-    }
-}
-
-impl PhoneServer {
-    /// The caller's network address, for rate limits: the peer address, or
-    /// behind a trusted proxy the last `X-Forwarded-For` entry (the one the
-    /// proxy itself appended; earlier entries are the client's to forge).
-    fn client_address(&self, context: &RequestContext<RoleServer>) -> String {
-        let Some(parts) = context.extensions.get::<http::request::Parts>() else {
-            return "unknown".into();
-        };
-        let from_header = |name: &http::HeaderName, last_entry: bool| {
-            let value = parts.headers.get(name)?.to_str().ok()?;
-            let value = if last_entry {
-                value.rsplit(',').next()?
-            } else {
-                value
-            };
-            Some(value.trim().to_owned()).filter(|v| !v.is_empty())
-        };
-        let proxied = match &self.0.client_address_from {
-            ClientAddressFrom::Peer => None,
-            ClientAddressFrom::ForwardedFor => {
-                from_header(&http::HeaderName::from_static("x-forwarded-for"), true)
-            }
-            ClientAddressFrom::Header(name) => from_header(name, false),
-        };
-        if let Some(address) = proxied {
-            return address;
-        }
-        parts
-            .extensions
-            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-            .map(|info| info.0.ip().to_string())
-            .unwrap_or_else(|| "unknown".into())
-    }
-}
-
-/// After a call verified `creds`, the claimed name (if any) is the agent's.
-fn record_agent(creds: &Credentials) {
-    if let Some(name) = &creds.claimed {
-        tracing::Span::current().record("agent", name.as_str());
-    }
-}
-
-fn bearer_token(context: &RequestContext<RoleServer>) -> Result<Option<Token>, PhoneError> {
-    let Some(parts) = context.extensions.get::<http::request::Parts>() else {
-        return Ok(None);
-    };
-    let Some(value) = parts.headers.get(http::header::AUTHORIZATION) else {
-        return Ok(None);
-    };
-    let value = value.to_str().map_err(|_| {
-        InvalidInput::new(
-            "Authorization",
-            "header is not plain ASCII; expected Bearer <token>",
-        )
-    })?;
-    let (scheme, token) = value.trim().split_once(' ').unwrap_or((value, ""));
-    if !scheme.eq_ignore_ascii_case("bearer") {
-        return Err(InvalidInput::new("Authorization", "header must be 'Bearer <token>'").into());
-    }
-    Ok(Some(Token::parse(token)?))
-}
-
-fn success<T: Serialize>(value: &T, text: String) -> CallToolResult {
-    let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
-    result.structured_content = Some(serde_json::to_value(value).expect("tool outputs serialize"));
-    result
-}
-
-/// The one place where domain errors become what the agent reads.
-fn tool_error(err: &PhoneError) -> CallToolResult {
-    CallToolResult::error(vec![ContentBlock::text(err.to_string())])
 }

@@ -3,8 +3,9 @@
 
 use std::fmt::Write as _;
 
-use crate::domain::agents::{Registration, Rotated, SearchResult, Unregistered};
-use crate::domain::messages::{Acked, Inbox, Message, Outbox, Sent, Thread};
+use super::wire::{
+    Acked, Inbox, Message, Outbox, Registration, Rotated, SearchResult, Sent, Thread, Unregistered,
+};
 
 pub fn registration(r: &Registration) -> String {
     match &r.token {

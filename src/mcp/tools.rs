@@ -7,8 +7,9 @@ use rmcp::handler::server::common::schema_for_output;
 use rmcp::model::{JsonObject, Tool, ToolAnnotations};
 use serde_json::{Map, Value, json};
 
-use crate::domain::agents::{Registration, Rotated, SearchResult, Unregistered};
-use crate::domain::messages::{Acked, Inbox, Outbox, Sent, Thread};
+use super::wire::{
+    Acked, Inbox, Outbox, Registration, Rotated, SearchResult, Sent, Thread, Unregistered,
+};
 
 pub const INSTRUCTIONS: &str = "phone is a mailbox and address book shared by AI agents.\n\
 1. Register once with phone_register (name, what you can do, project). \
@@ -29,6 +30,11 @@ pub const OUTBOX: &str = "phone_outbox";
 pub const THREAD: &str = "phone_thread";
 pub const ROTATE: &str = "phone_rotate_token";
 pub const UNREGISTER: &str = "phone_unregister";
+
+/// Every tool, in the order `tools/list` shows them.
+pub const NAMES: [&str; 9] = [
+    REGISTER, SEARCH, SEND, INBOX, ACK, OUTBOX, THREAD, ROTATE, UNREGISTER,
+];
 
 pub const REGISTER_ARGS: &[&str] = &["name", "description", "project", "token"];
 pub const SEARCH_ARGS: &[&str] = &["query", "project", "limit", "cursor"];

@@ -1,535 +1,131 @@
-//! PostgreSQL access: the connection pool, migrations, and error classification.
+//! Storage: the connection pool, migrations, and every SQL statement of the
+//! service, each named beside the indexes it relies on. The layers above
+//! call these functions with plain values and get plain records back
+//! (`rows`); no SQL text lives anywhere else.
+//!
+//! - `pool`: pooled connections whose statements are traced, timed and
+//!   bounded by a client-side deadline.
+//! - `fragments`: the SQL pieces several statements share, written once.
+//! - `agents`, `search`, `messages`, `limits`: the statements, by table.
+//! - `batch`: group commit, concurrent sends and read polls of this replica
+//!   in one statement and one commit.
+//! - `wakeup`: the LISTEN connection that wakes long polls.
 
-use std::{
-    ops::{Deref, DerefMut},
-    time::{Duration, Instant},
+pub mod agents;
+mod batch;
+mod error;
+pub mod fragments;
+pub mod limits;
+pub mod messages;
+mod migrate;
+pub mod pool;
+pub mod rows;
+pub mod search;
+pub mod wakeup;
+
+use std::{sync::Arc, time::Duration};
+
+use tokio_util::sync::CancellationToken;
+
+pub use batch::{
+    poll::QueuedPoll,
+    send::{QueuedSend, SendOutcome, Stored},
 };
+pub use error::{POOL_BUSY, StoreError};
+pub use messages::Polled;
+pub use migrate::migrate;
+pub use pool::{Client, Pool};
+use wakeup::Wakeup;
 
-use deadpool_postgres::{Manager, ManagerConfig, PoolError, RecyclingMethod, Runtime, Timeouts};
-use tokio_postgres::{NoTls, Row, Statement, types::ToSql};
+use crate::telemetry::metrics;
 
-use crate::config::Config;
-
-mod embedded {
-    refinery::embed_migrations!("migrations");
+/// How this replica reaches PostgreSQL.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub database_url: String,
+    /// Largest connection count this replica opens (plus one LISTEN
+    /// connection).
+    pub pool_size: usize,
+    /// How long a request waits for a free connection (or its group-commit
+    /// batch) before a retryable "busy" error.
+    pub pool_timeout: Duration,
+    /// Server-side limit on one statement, and on waiting for a lock.
+    pub statement_timeout: Duration,
 }
 
-/// Any number of replicas may start at once against an empty database; this
-/// lock makes them take turns, so each migration runs exactly once.
-const MIGRATION_LOCK_KEY: i64 = 0x7068_6f6e_655f_6d69; // "phone_mi"
-
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// No connection became free in time, or none could be made: the caller
-    /// may retry shortly.
-    #[error("database unavailable: {0}")]
-    Unavailable(String),
-    #[error("database error: {0}")]
-    Query(#[from] tokio_postgres::Error),
-    #[error("migration failed: {0}")]
-    Migration(#[from] refinery::Error),
-    #[error("bad DATABASE_URL: {0}")]
-    Config(String),
-}
-
-impl From<PoolError> for StoreError {
-    fn from(err: PoolError) -> Self {
-        match err {
-            PoolError::Timeout(_) => Self::Unavailable(POOL_BUSY.into()),
-            PoolError::Backend(e) => Self::from(e),
-            other => Self::Unavailable(other.to_string()),
-        }
-    }
-}
-
-impl StoreError {
-    /// A closed connection or a server shutting down is an outage, not a bug.
-    pub fn is_unavailable(&self) -> bool {
-        match self {
-            Self::Unavailable(_) => true,
-            Self::Query(e) => {
-                e.is_closed()
-                    || e.code().is_some_and(|c| {
-                        let c = c.code();
-                        // Connection lost, server shutting down, too many
-                        // connections, or our statement/lock timeout fired.
-                        c.starts_with("08")
-                            || c.starts_with("57P")
-                            || c == "53300"
-                            || c == "57014"
-                            || c == "55P03"
-                    })
-                    || e.as_db_error().is_none() && e.code().is_none()
-            }
-            _ => false,
-        }
-    }
-
-    pub fn unique_violation(&self) -> bool {
-        matches!(self, Self::Query(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION))
-    }
-}
-
-/// Why a caller waited in vain for a pooled connection.
-pub const POOL_BUSY: &str = "all database connections are busy";
-
-/// The connection pool. Derefs to deadpool's pool (status, close, …);
-/// `get` hands out a [`Client`] whose statements are traced and timed.
+/// The database as the domain sees it: cheap to clone, shared by every
+/// request of this replica.
 #[derive(Clone)]
-pub struct Pool(deadpool_postgres::Pool, Duration);
-
-impl Pool {
-    /// How long a caller waits for a connection before hearing "busy".
-    pub fn wait_timeout(&self) -> Duration {
-        self.0.timeouts().wait.unwrap_or(Duration::from_secs(2))
-    }
-
-    /// A pooled connection; waits at most the pool timeout.
-    pub async fn get(&self) -> Result<Client, PoolError> {
-        let started = Instant::now();
-        let client = self.0.get().await;
-        crate::metrics::pool_wait(started.elapsed());
-        Ok(Client {
-            object: Some(client?),
-            deadline: self.1,
-            stalled: Default::default(),
-        })
-    }
+pub struct Store {
+    pool: Pool,
+    wakeup: Arc<Wakeup>,
+    /// Sends and read polls in flight on this replica, written together.
+    mail: batch::Batcher<batch::mail::MailWrite>,
 }
 
-impl Deref for Pool {
-    type Target = deadpool_postgres::Pool;
-    fn deref(&self) -> &Self::Target {
-        &self.0
-    }
-}
-
-/// A pooled connection. Its query methods shadow tokio-postgres' own: each
-/// statement runs in a `db` span (OpenTelemetry client span: operation,
-/// table and the parameterised SQL text, never the parameters) and is timed
-/// for `db.client.operation.duration`. Anything else derefs to the
-/// underlying client. Both cost nothing while telemetry export is off.
-///
-/// Each statement also has a client-side deadline (a little over the
-/// server's `statement_timeout`): a database or network that stalls without
-/// closing anything cannot hold a request until its HTTP timeout. A
-/// connection whose statement missed the deadline is in an unknown state, so
-/// it is closed instead of going back to the pool.
-pub struct Client {
-    object: Option<deadpool_postgres::Object>,
-    deadline: Duration,
-    stalled: std::sync::atomic::AtomicBool,
-}
-
-impl Deref for Client {
-    type Target = deadpool_postgres::Object;
-    fn deref(&self) -> &Self::Target {
-        self.object.as_ref().expect("present until drop")
-    }
-}
-
-impl DerefMut for Client {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        self.object.as_mut().expect("present until drop")
-    }
-}
-
-impl Drop for Client {
-    fn drop(&mut self) {
-        if *self.stalled.get_mut()
-            && let Some(object) = self.object.take()
-        {
-            // Detached from the pool; dropping it closes the connection.
-            drop(deadpool_postgres::Object::take(object));
-        }
-    }
-}
-
-/// A prepared (cached) statement that remembers its SQL while statements
-/// are traced. Derefs to the tokio-postgres `Statement`.
-pub struct Prepared {
-    statement: Statement,
-    sql: Option<Box<str>>,
-}
-
-impl Deref for Prepared {
-    type Target = Statement;
-    fn deref(&self) -> &Statement {
-        &self.statement
-    }
-}
-
-/// What [`Client`]'s query methods accept: a [`Prepared`] statement, a
-/// tokio-postgres `Statement`, or SQL text.
-pub trait Sql: Send + Sync {
-    fn statement(&self) -> StatementRef<'_>;
-    /// The SQL text, when known (for the span).
-    fn text(&self) -> Option<&str>;
-}
-
-pub enum StatementRef<'a> {
-    Prepared(&'a Statement),
-    Text(&'a str),
-}
-
-impl Sql for Prepared {
-    fn statement(&self) -> StatementRef<'_> {
-        StatementRef::Prepared(&self.statement)
-    }
-    fn text(&self) -> Option<&str> {
-        self.sql.as_deref()
-    }
-}
-
-impl Sql for Statement {
-    fn statement(&self) -> StatementRef<'_> {
-        StatementRef::Prepared(self)
-    }
-    fn text(&self) -> Option<&str> {
-        None
-    }
-}
-
-impl Sql for str {
-    fn statement(&self) -> StatementRef<'_> {
-        StatementRef::Text(self)
-    }
-    fn text(&self) -> Option<&str> {
-        Some(self)
-    }
-}
-
-impl Sql for String {
-    fn statement(&self) -> StatementRef<'_> {
-        StatementRef::Text(self)
-    }
-    fn text(&self) -> Option<&str> {
-        Some(self)
-    }
-}
-
-type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
-
-/// Statement spans: `db` spans at DEBUG under `phone::store`, exported by
-/// the OpenTelemetry layer and invisible to the log at the default level.
-fn db_spans_enabled() -> bool {
-    tracing::span_enabled!(target: "phone::store", tracing::Level::DEBUG)
-}
-
-macro_rules! traced {
-    ($self:ident, $stmt:ident, $call:ident, $params:ident) => {{
-        let span = if db_spans_enabled() {
-            db_span($stmt.text())
-        } else {
-            tracing::Span::none()
-        };
-        let started = crate::metrics::enabled().then(Instant::now);
-        let outcome = {
-            use tracing::Instrument as _;
-            let client: &tokio_postgres::Client = &$self;
-            let call = async {
-                match $stmt.statement() {
-                    StatementRef::Prepared(s) => client.$call(s, $params).await,
-                    StatementRef::Text(s) => client.$call(s, $params).await,
-                }
-            };
-            match tokio::time::timeout($self.deadline, call.instrument(span.clone())).await {
-                Ok(outcome) => outcome.map_err(StoreError::from),
-                Err(_) => {
-                    $self
-                        .stalled
-                        .store(true, std::sync::atomic::Ordering::Relaxed);
-                    Err(StoreError::Unavailable(
-                        "the database did not answer in time".into(),
-                    ))
-                }
-            }
-        };
-        if let Err(e) = &outcome {
-            span.record("otel.status_code", "error");
-            let kind = match e {
-                StoreError::Query(e) => e.code().map_or("connection", |c| c.code()),
-                _ => "timeout",
-            };
-            span.record("error.type", kind);
-        }
-        if let Some(started) = started {
-            let (operation, collection) = summarize($stmt.text().unwrap_or(""));
-            crate::metrics::db_operation(operation, collection, outcome.is_ok(), started.elapsed());
-        }
-        outcome
-    }};
-}
-
-impl Client {
-    /// Prepares through deadpool's per-connection statement cache.
-    pub async fn prepare_cached(&self, sql: &str) -> Result<Prepared, StoreError> {
-        let statement =
-            match tokio::time::timeout(self.deadline, (**self).prepare_cached(sql)).await {
-                Ok(prepared) => prepared?,
-                Err(_) => {
-                    self.stalled
-                        .store(true, std::sync::atomic::Ordering::Relaxed);
-                    return Err(StoreError::Unavailable(
-                        "the database did not answer in time".into(),
-                    ));
-                }
-            };
-        let sql = (db_spans_enabled() || crate::metrics::enabled()).then(|| sql.into());
-        Ok(Prepared { statement, sql })
-    }
-
-    pub async fn query<T: Sql + ?Sized>(
-        &self,
-        stmt: &T,
-        params: Params<'_>,
-    ) -> Result<Vec<Row>, StoreError> {
-        traced!(self, stmt, query, params)
-    }
-
-    pub async fn query_one<T: Sql + ?Sized>(
-        &self,
-        stmt: &T,
-        params: Params<'_>,
-    ) -> Result<Row, StoreError> {
-        traced!(self, stmt, query_one, params)
-    }
-
-    pub async fn query_opt<T: Sql + ?Sized>(
-        &self,
-        stmt: &T,
-        params: Params<'_>,
-    ) -> Result<Option<Row>, StoreError> {
-        traced!(self, stmt, query_opt, params)
-    }
-
-    pub async fn execute<T: Sql + ?Sized>(
-        &self,
-        stmt: &T,
-        params: Params<'_>,
-    ) -> Result<u64, StoreError> {
-        traced!(self, stmt, execute, params)
-    }
-}
-
-fn db_span(sql: Option<&str>) -> tracing::Span {
-    let sql = sql.unwrap_or("");
-    let (operation, collection) = summarize(sql);
-    let name = match collection {
-        Some(table) => format!("{operation} {table}"),
-        None => operation.to_owned(),
-    };
-    tracing::debug_span!(
-        target: "phone::store",
-        "db",
-        otel.name = %name,
-        otel.kind = "client",
-        otel.status_code = tracing::field::Empty,
-        db.system.name = "postgresql",
-        db.operation.name = operation,
-        db.collection.name = collection,
-        db.query.text = %collapse_whitespace(sql),
-        error.type = tracing::field::Empty,
-    )
-}
-
-/// The operation and main table of a statement, for span names and metric
-/// attributes. A statement that writes (also inside `WITH`) is named by its
-/// write, INSERT before UPDATE before DELETE (`WITH expired AS (DELETE …)
-/// INSERT …` is an INSERT); otherwise by the first table it reads.
-pub fn summarize(sql: &str) -> (&'static str, Option<&str>) {
-    let words: Vec<&str> = sql
-        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
-        .filter(|w| !w.is_empty())
-        .collect();
-    let is = |w: &str, k: &str| w.eq_ignore_ascii_case(k);
-    let table = |i: usize| {
-        words.get(i).copied().filter(|w| {
-            !["select", "with", "only", "lateral"]
-                .iter()
-                .any(|k| is(w, k))
-                && w.chars()
-                    .next()
-                    .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        })
-    };
-    let find = |keyword: &str, next: Option<&str>| {
-        words.iter().enumerate().find_map(|(i, w)| {
-            if !is(w, keyword) {
-                return None;
-            }
-            // Not a row lock (`FOR [NO KEY] UPDATE`) nor `ON CONFLICT DO UPDATE`.
-            if i > 0 && ["for", "key", "do"].iter().any(|k| is(words[i - 1], k)) {
-                return None;
-            }
-            match next {
-                Some(n) => words.get(i + 1).filter(|w| is(w, n)).map(|_| table(i + 2)),
-                None => Some(table(i + 1)),
-            }
-        })
-    };
-    for (operation, keyword, next) in [
-        ("INSERT", "insert", Some("into")),
-        ("UPDATE", "update", None),
-        ("DELETE", "delete", Some("from")),
-    ] {
-        if let Some(collection) = find(keyword, next) {
-            return (operation, collection);
-        }
-    }
-    let first = words.first().copied().unwrap_or("");
-    let operation = if is(first, "select") || is(first, "with") {
-        "SELECT"
-    } else if is(first, "listen") {
-        "LISTEN"
-    } else {
-        "OTHER"
-    };
-    let collection = words
-        .iter()
-        .enumerate()
-        .filter(|(_, w)| is(w, "from"))
-        .find_map(|(i, _)| table(i + 1));
-    (operation, collection)
-}
-
-fn collapse_whitespace(sql: &str) -> String {
-    sql.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-pub fn connect_pool(config: &Config) -> Result<Pool, StoreError> {
-    let pg: tokio_postgres::Config = config
-        .database_url
-        .parse()
-        .map_err(|e: tokio_postgres::Error| StoreError::Config(e.to_string()))?;
-    let mut pg = pg;
-    pg.application_name("phone");
-    pg.connect_timeout(config.pool_timeout.max(Duration::from_secs(1)));
-    // Closing a socket to a dead server must not take the kernel's minutes.
-    pg.keepalives_idle(Duration::from_secs(10));
-    pg.keepalives_interval(Duration::from_secs(2));
-    pg.keepalives_retries(3);
-    // Unacknowledged writes to a silent peer fail after this, not minutes.
-    pg.tcp_user_timeout(Duration::from_secs(10));
-    // A statement stuck behind a lock or a slow plan frees its connection
-    // before the request times out, and the caller gets a retryable error.
-    let limit_ms = config.statement_timeout.as_millis();
-    // JIT off: with skewed statistics (one inbox holding most unread mail) a
-    // generic plan's estimated cost passed jit_above_cost and every poll
-    // compiled itself first: ~80 ms of LLVM for a statement of ~1 ms.
-    // Sequential scans off: every statement here finds its rows by key, and
-    // a connection keeps its plans until the statistics change. Planned
-    // while `messages` was nearly empty, the polls' UPDATE kept scanning the
-    // whole table as it grew to thousands of rows (in `make bench`: 750
-    // pages a poll after 10 s, half the throughput). Where no index serves a
-    // query, PostgreSQL still scans.
-    pg.options(format!(
-        "-c statement_timeout={limit_ms} -c lock_timeout={limit_ms} -c jit=off -c enable_seqscan=off"
-    ));
-    let manager = Manager::from_config(
-        pg,
-        NoTls,
-        // A closed connection is noticed by the client itself (its socket task
-        // ends), so checking `is_closed` is enough after a database restart.
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    deadpool_postgres::Pool::builder(manager)
-        .max_size(config.pool_size)
-        .runtime(Runtime::Tokio1)
-        .timeouts(Timeouts {
-            wait: Some(config.pool_timeout),
-            create: Some(config.pool_timeout),
-            recycle: Some(config.pool_timeout),
-        })
-        .build()
-        // The server cancels a statement at statement_timeout; a second more
-        // and the database, or the path to it, is not answering at all.
-        .map(|pool| Pool(pool, config.statement_timeout + Duration::from_secs(1)))
-        .map_err(|e| StoreError::Config(e.to_string()))
-}
-
-/// Applies pending migrations under an advisory lock, on a dedicated connection.
-pub async fn migrate(database_url: &str) -> Result<(), StoreError> {
-    let (mut client, connection) = tokio_postgres::connect(database_url, NoTls).await?;
-    let driver = tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::warn!(error = %e, "migration connection ended");
-        }
-    });
-    client
-        .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK_KEY])
-        .await?;
-    let outcome = embedded::migrations::runner().run_async(&mut client).await;
-    // The lock is released with the session too; unlocking explicitly just
-    // lets the next replica in sooner.
-    let _ = client
-        .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK_KEY])
-        .await;
-    drop(client);
-    let _ = driver.await;
-    let report = outcome?;
-    for m in report.applied_migrations() {
-        tracing::info!(migration = %m, "applied migration");
-    }
-    Ok(())
-}
-
-/// True when a pooled connection answers a trivial query.
-pub async fn ping(pool: &Pool) -> Result<(), StoreError> {
-    let client = pool.get().await?;
-    match tokio::time::timeout(Duration::from_secs(1), client.simple_query("SELECT 1")).await {
-        Ok(answer) => answer.map(drop).map_err(StoreError::from),
-        Err(_) => {
-            client
-                .stalled
-                .store(true, std::sync::atomic::Ordering::Relaxed);
-            Err(StoreError::Unavailable(
-                "the database did not answer in time".into(),
-            ))
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::summarize;
-
-    #[test]
-    fn statements_are_named_by_what_they_do() {
-        assert_eq!(summarize("SELECT 1"), ("SELECT", None));
-        assert_eq!(
-            summarize("SELECT id FROM agents WHERE token_hash = $1"),
-            ("SELECT", Some("agents"))
+impl Store {
+    /// The pool (connections open lazily) and this replica's LISTEN
+    /// connection, which runs until `stopping`. `unread_cap` bounds the
+    /// unread counts polls report.
+    pub fn open(
+        settings: &Settings,
+        unread_cap: i64,
+        stopping: CancellationToken,
+    ) -> Result<Self, StoreError> {
+        let pool = pool::connect(settings)?;
+        let wakeup = Arc::new(Wakeup::default());
+        tokio::spawn(
+            wakeup
+                .clone()
+                .listen(pool::connection_config(settings)?, stopping),
         );
-        assert_eq!(
-            summarize("SELECT count(*) FROM (SELECT 1 FROM messages m WHERE x) w"),
-            ("SELECT", Some("messages"))
+        let mail = batch::Batcher::new(
+            batch::mail::MailWrite {
+                pool: pool.clone(),
+                cap: unread_cap,
+                wakes: batch::PendingWakes::default(),
+            },
+            pool.wait_timeout(),
+            pool.status().max_size,
         );
-        assert_eq!(
-            summarize(
-                "WITH picked AS (SELECT m.id FROM messages m ORDER BY m.id LIMIT $2 FOR UPDATE SKIP LOCKED),
-                 taken AS (UPDATE messages m SET read_at = now() FROM picked WHERE m.id = picked.id RETURNING m.*)
-                 SELECT * FROM taken"
-            ),
-            ("UPDATE", Some("messages"))
-        );
-        assert_eq!(
-            summarize(
-                "WITH expired AS (DELETE FROM inbox_waiters WHERE a) INSERT INTO inbox_waiters (a) VALUES ($1)"
-            ),
-            ("INSERT", Some("inbox_waiters"))
-        );
-        assert_eq!(
-            summarize(
-                "INSERT INTO rate_limits AS r VALUES ($1) ON CONFLICT (bucket) DO UPDATE SET hits = 1"
-            ),
-            ("INSERT", Some("rate_limits"))
-        );
-        assert_eq!(
-            summarize("DELETE FROM inbox_waiters WHERE id = $1"),
-            ("DELETE", Some("inbox_waiters"))
-        );
+        let waiters = Arc::downgrade(&wakeup);
+        let waiters: std::sync::Weak<dyn metrics::Waiters> = waiters;
+        metrics::watch(pool.weak(), waiters);
+        Ok(Self { pool, wakeup, mail })
+    }
+
+    /// A pooled connection, for the statements of `agents`, `messages`, ….
+    pub async fn db(&self) -> Result<Client, StoreError> {
+        Ok(self.pool.get().await?)
+    }
+
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    pub fn wakeup(&self) -> &Arc<Wakeup> {
+        &self.wakeup
+    }
+
+    /// Stores one message, together with the other sends and read polls in
+    /// flight on this replica (one statement, one commit).
+    pub async fn send(&self, send: QueuedSend) -> Result<SendOutcome, StoreError> {
+        self.mail.send(send).await
+    }
+
+    /// Takes the oldest unread messages of one inbox and marks them read,
+    /// together with the other calls in flight.
+    pub async fn poll_read(&self, poll: QueuedPoll) -> Result<Polled, StoreError> {
+        self.mail.poll(poll).await
+    }
+
+    /// Whether a pooled connection answers a trivial query within a second.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        pool::ping(&self.pool).await
+    }
+
+    /// Stops handing out connections and closes the idle ones.
+    pub fn close(&self) {
+        self.pool.close();
     }
 }

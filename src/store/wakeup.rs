@@ -93,12 +93,11 @@ impl Wakeup {
     /// Keeps a LISTEN connection open until `stop`, reconnecting with
     /// backoff. After a reconnect every local waiter re-checks its inbox,
     /// since notifications sent meanwhile were lost.
-    pub async fn listen(self: Arc<Self>, database_url: String, stop: CancellationToken) {
+    pub async fn listen(self: Arc<Self>, config: tokio_postgres::Config, stop: CancellationToken) {
         let mut backoff = Duration::from_millis(200);
         loop {
             let attempt = async {
-                let (client, mut connection) =
-                    tokio_postgres::connect(&database_url, NoTls).await?;
+                let (client, mut connection) = config.connect(NoTls).await?;
                 let mut messages = stream::poll_fn(move |cx| connection.poll_message(cx));
                 let statement = format!("LISTEN {CHANNEL}");
                 {
@@ -149,5 +148,11 @@ impl Wakeup {
             }
             backoff = (backoff * 2).min(Duration::from_secs(5));
         }
+    }
+}
+
+impl crate::telemetry::metrics::Waiters for Wakeup {
+    fn waiters(&self) -> usize {
+        Wakeup::waiters(self)
     }
 }

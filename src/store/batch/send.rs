@@ -4,13 +4,14 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::domain::{types::TokenHash, wakeup::CHANNEL};
+use crate::store::fragments::caller_by_token;
+use crate::store::wakeup::CHANNEL;
 
 /// One send, resolved as far as the request alone allows. Not `Debug`: it
 /// holds a token digest and a message body, which logs must never show.
 #[derive(Clone)]
-pub(crate) struct QueuedSend {
-    pub token: TokenHash,
+pub struct QueuedSend {
+    pub token: [u8; 32],
     pub claimed: Option<String>,
     pub to_name: String,
     pub subject: Option<String>,
@@ -24,7 +25,7 @@ pub(crate) struct QueuedSend {
 
 /// What the statement did with one send.
 #[derive(Debug, Clone)]
-pub(crate) struct SendOutcome {
+pub struct SendOutcome {
     /// The sender, when its token (and claimed name) were accepted.
     pub me_id: Option<i64>,
     /// The stored message; `None` when the recipient is unknown or the
@@ -33,7 +34,7 @@ pub(crate) struct SendOutcome {
 }
 
 #[derive(Debug, Clone)]
-pub(crate) struct Stored {
+pub struct Stored {
     pub id: i64,
     pub thread_id: i64,
     pub sent_at: DateTime<Utc>,
@@ -45,7 +46,7 @@ impl SendOutcome {
         stored: None,
     };
 
-    /// From a row of the sends' result (`SENDS_RESULT`).
+    /// From a row of the sends' part of the mail statement's result.
     pub(super) fn from_row(row: &tokio_postgres::Row) -> Self {
         Self {
             me_id: row.get("me_id"),
@@ -90,7 +91,10 @@ pub(super) static WAKE_SQL: std::sync::LazyLock<String> =
 /// (`sender_id`, `last_seen_at`) and recipient of each; `inserted` what was
 /// stored. Each lookup is a LATERAL subquery with OFFSET 0, so it stays one
 /// index probe per send whatever the planner thinks of the array's size.
-pub(super) const SENDS: &str = "
+pub(super) fn sends() -> String {
+    let caller = caller_by_token("r.token", "r.claimed");
+    format!(
+        "
     sreq AS (
         SELECT * FROM unnest((SELECT $1::bytea[]), (SELECT $2::text[]), (SELECT $3::text[]),
                              (SELECT $4::text[]), (SELECT $5::text[]), (SELECT $6::bigint[]),
@@ -102,8 +106,7 @@ pub(super) const SENDS: &str = "
         FROM sreq r
         LEFT JOIN LATERAL (
             SELECT id, last_seen_at FROM agents
-            WHERE token_hash = r.token AND unregistered_at IS NULL
-              AND (r.claimed IS NULL OR name = r.claimed)
+            WHERE {caller}
             OFFSET 0) me ON true
         LEFT JOIN LATERAL (
             SELECT a.id FROM agents a
@@ -121,7 +124,9 @@ pub(super) const SENDS: &str = "
                coalesce(r.thread_id, n.id), r.idempotency_key
         FROM numbered n JOIN sreq r ON r.ord = n.ord
         ON CONFLICT (sender_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-        RETURNING id, thread_id, sent_at, recipient_id)";
+        RETURNING id, thread_id, sent_at, recipient_id)"
+    )
+}
 
 /// The callers of `SENDS`, for the presence write.
 pub(super) const SENDERS: &str = "SELECT sender_id AS id, last_seen_at FROM resolved";

@@ -1,134 +1,19 @@
-//! The HTTP surface: `/mcp` (rmcp's streamable HTTP server, stateless),
-//! `/health`, and the layers around them.
-
-use std::time::Duration;
+//! The JSON-RPC envelope check in front of rmcp: a POST body that is not one
+//! JSON-RPC message gets the JSON-RPC error and HTTP status the spec names.
 
 use axum::{
-    Json, Router,
+    Json,
     body::{Body, to_bytes},
-    extract::{Request, State},
-    http::{HeaderValue, Method, StatusCode, header},
-    middleware::{self, Next},
+    extract::Request,
+    http::{Method, StatusCode, header},
+    middleware::Next,
     response::{IntoResponse, Response},
-    routing::{any, get},
-};
-use rmcp::transport::streamable_http_server::{
-    StreamableHttpServerConfig, StreamableHttpService, session::never::NeverSessionManager,
 };
 use serde_json::json;
-use tower_http::{
-    limit::RequestBodyLimitLayer, set_header::SetResponseHeaderLayer, timeout::TimeoutLayer,
-};
-
-use crate::{
-    config::Config,
-    domain::Phone,
-    mcp::{ClientAddressFrom, PhoneServer},
-    store,
-};
-
-const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
-
-pub fn router(config: &Config, phone: Phone) -> Router {
-    let server = PhoneServer::new(phone.clone(), ClientAddressFrom::from_config(config));
-    let mut hosts: Vec<String> = LOOPBACK_HOSTS.iter().map(|h| h.to_string()).collect();
-    hosts.extend(config.allowed_hosts.iter().cloned());
-    let mcp_config = StreamableHttpServerConfig::default()
-        .with_legacy_session_mode(false)
-        .with_json_response(true)
-        .with_sse_keep_alive(None)
-        .with_allowed_hosts(hosts)
-        .with_allowed_origins(allowed_origins(config))
-        // No browser origin is trusted unless configured: DNS rebinding.
-        .enforce_origin_validation()
-        .with_max_request_body_bytes(config.max_body_bytes);
-    let mcp = StreamableHttpService::new(
-        move || Ok(server.clone()),
-        NeverSessionManager::default().into(),
-        mcp_config,
-    );
-
-    let max_body = config.max_body_bytes;
-    crate::metrics::watch(&phone);
-    Router::new()
-        .nest_service("/mcp", mcp)
-        .layer(middleware::from_fn(move |req, next| {
-            check_jsonrpc(max_body, req, next)
-        }))
-        .route("/health", get(health))
-        // Claude Code probes OAuth discovery; a plain 404 tells it no auth flow exists.
-        .route(
-            "/.well-known/{*rest}",
-            any(|| async { StatusCode::NOT_FOUND }),
-        )
-        .with_state(phone)
-        .layer(RequestBodyLimitLayer::new(config.max_body_bytes))
-        .layer(TimeoutLayer::with_status_code(
-            StatusCode::REQUEST_TIMEOUT,
-            config.request_timeout,
-        ))
-        .layer(SetResponseHeaderLayer::overriding(
-            header::X_CONTENT_TYPE_OPTIONS,
-            HeaderValue::from_static("nosniff"),
-        ))
-        .layer(SetResponseHeaderLayer::if_not_present(
-            header::CACHE_CONTROL,
-            HeaderValue::from_static("no-store"),
-        ))
-        .layer(SetResponseHeaderLayer::overriding(
-            header::X_FRAME_OPTIONS,
-            HeaderValue::from_static("DENY"),
-        ))
-        // Outermost: the request's span (joining the caller's W3C trace
-        // context), its trace id for the log, and the request metrics.
-        .layer(middleware::from_fn(crate::telemetry::trace_request))
-}
-
-/// Browser origins accepted on `/mcp`: the server's own (loopback on any
-/// port, and each configured public host over HTTPS) plus configured ones.
-/// Any other Origin gets 403; requests without an Origin are not affected.
-fn allowed_origins(config: &Config) -> Vec<String> {
-    let mut origins: Vec<String> = ["http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*"]
-        .map(String::from)
-        .into();
-    for host in &config.allowed_hosts {
-        if host.contains(':') {
-            origins.push(format!("https://{host}"));
-        } else {
-            origins.push(format!("https://{host}:443"));
-        }
-    }
-    origins.extend(config.allowed_origins.iter().cloned());
-    origins
-}
-
-/// 200 when Postgres answers within a second, 503 otherwise.
-async fn health(State(phone): State<Phone>) -> impl IntoResponse {
-    match tokio::time::timeout(Duration::from_secs(1), store::ping(phone.pool())).await {
-        Ok(Ok(())) => (
-            StatusCode::OK,
-            Json(json!({"status": "ok", "database": "ok"})),
-        ),
-        outcome => {
-            // An exhausted pool is a busy replica, not a database outage:
-            // both take the replica out of rotation, but say which it is.
-            let (reason, database) = match outcome {
-                Ok(Err(store::StoreError::Unavailable(reason))) => (reason, "busy"),
-                Ok(Err(e)) => (e.to_string(), "unreachable"),
-                Ok(Ok(())) | Err(_) => ("timed out".into(), "unreachable"),
-            };
-            tracing::warn!(%reason, "health check failed");
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                Json(json!({"status": "unavailable", "database": database, "reason": reason})),
-            )
-        }
-    }
-}
 
 /// Rejects POST bodies that are not one JSON-RPC message with the JSON-RPC
 /// error and HTTP status the spec names (rmcp answers these with a bare 415).
-async fn check_jsonrpc(max_body: usize, req: Request, next: Next) -> Response {
+pub(super) async fn check_jsonrpc(max_body: usize, req: Request, next: Next) -> Response {
     if req.method() != Method::POST {
         return next.run(req).await;
     }

@@ -44,7 +44,16 @@ use tracing_subscriber::{
     registry::LookupSpan,
 };
 
-use crate::{config::LogFormat, metrics};
+pub mod metrics;
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
 
 /// What to log and where to export; see [`TelemetryConfig::from_env`].
 #[derive(Debug, Clone)]

@@ -22,8 +22,7 @@ use std::{
 use tokio::sync::oneshot;
 use tracing::Instrument;
 
-use super::{PhoneError, types::TokenHash};
-use crate::store::StoreError;
+use super::StoreError;
 
 /// Batches that may run at once on a replica (unless stuck, see
 /// [`STALLED_AFTER`]): the next batch forms while this one runs. Measured
@@ -46,7 +45,7 @@ pub(crate) trait Write: Send + Sync + 'static {
 
     /// Calls with the same key never share a statement (two polls of one
     /// inbox in one statement would take the same messages).
-    fn exclusive_key(_item: &Self::Item) -> Option<TokenHash> {
+    fn exclusive_key(_item: &Self::Item) -> Option<[u8; 32]> {
         None
     }
 
@@ -100,7 +99,7 @@ impl PendingWakes {
 /// most this much later for the work (the callers are answered already).
 const LINGER: std::time::Duration = std::time::Duration::from_millis(2);
 
-type Reply<W> = oneshot::Sender<Result<<W as Write>::Outcome, PhoneError>>;
+type Reply<W> = oneshot::Sender<Result<<W as Write>::Outcome, StoreError>>;
 
 /// A queued call.
 struct Queued<W: Write> {
@@ -170,7 +169,7 @@ impl<W: Write> Batcher<W> {
     }
 
     /// Does one call's work, alone or together with others in flight.
-    pub async fn run(&self, item: W::Item) -> Result<W::Outcome, PhoneError> {
+    pub async fn run(&self, item: W::Item) -> Result<W::Outcome, StoreError> {
         let (reply, mut outcome) = oneshot::channel();
         let (number, started_before, start) = {
             let mut queue = self.queue.lock().expect("batch queue lock");
@@ -200,7 +199,7 @@ impl<W: Write> Batcher<W> {
             if let Ok(done) =
                 tokio::time::timeout(STALLED_AFTER.min(self.max_queue_wait), &mut outcome).await
             {
-                return done.unwrap_or(Err(PhoneError::Internal));
+                return done.unwrap_or(Err(StoreError::BatchLost));
             }
             let unstick = {
                 let mut queue = self.queue.lock().expect("batch queue lock");
@@ -218,7 +217,7 @@ impl<W: Write> Batcher<W> {
         }
         let left_to_wait = self.max_queue_wait.saturating_sub(queued_at.elapsed());
         if let Ok(done) = tokio::time::timeout(left_to_wait, &mut outcome).await {
-            return done.unwrap_or(Err(PhoneError::Internal));
+            return done.unwrap_or(Err(StoreError::BatchLost));
         }
         // Still queued: leave, nothing was done. Taken into a batch: its
         // statement runs, so wait for what it did.
@@ -229,9 +228,9 @@ impl<W: Write> Batcher<W> {
             queue.waiting.len() < before
         };
         if left {
-            return Err(PhoneError::Unavailable(crate::store::POOL_BUSY.into()));
+            return Err(StoreError::Unavailable(super::POOL_BUSY.into()));
         }
-        outcome.await.unwrap_or(Err(PhoneError::Internal))
+        outcome.await.unwrap_or(Err(StoreError::BatchLost))
     }
 
     /// Writes batches until nobody waits.
@@ -295,21 +294,21 @@ impl<W: Write> Batcher<W> {
                         .writer
                         .write(std::slice::from_ref(&item))
                         .await
-                        .map_err(PhoneError::from)
-                        .and_then(|mut one| one.pop().ok_or(PhoneError::Internal));
+                        .and_then(|mut one| one.pop().ok_or(StoreError::BatchLost));
                     let _ = reply.send(outcome);
                 }
             }
+            Err(e) if replies.len() == 1 => {
+                if let Some(reply) = replies.into_iter().next() {
+                    let _ = reply.send(Err(e));
+                }
+            }
+            // Unavailable: every call hears why.
             Err(e) => {
-                let reason = match PhoneError::from(e) {
-                    PhoneError::Unavailable(reason) => Some(reason),
-                    _ => None,
-                };
+                tracing::warn!(error = %e, size = items.len(), "batch failed");
+                let reason = e.unavailable_reason();
                 for reply in replies {
-                    let _ = reply.send(Err(match &reason {
-                        Some(reason) => PhoneError::Unavailable(reason.clone()),
-                        None => PhoneError::Internal,
-                    }));
+                    let _ = reply.send(Err(StoreError::Unavailable(reason.clone())));
                 }
             }
         }
@@ -327,7 +326,7 @@ fn take_batch<W: Write>(waiting: &mut VecDeque<Queued<W>>) -> Vec<Queued<W>> {
             break;
         };
         match W::exclusive_key(&entry.item) {
-            Some(key) if !keys.insert(key.0) => deferred.push_back(entry),
+            Some(key) if !keys.insert(key) => deferred.push_back(entry),
             _ => batch.push(entry),
         }
     }

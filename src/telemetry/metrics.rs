@@ -25,11 +25,11 @@ use opentelemetry::{
     KeyValue,
     metrics::{Counter, Histogram, Meter, ObservableGauge, ObservableUpDownCounter},
 };
-use rmcp::model::{CallToolRequestParams, CallToolResult};
-use serde_json::Value;
 
-use crate::domain::{Phone, wakeup::Wakeup};
-use crate::mcp::tools;
+/// What reports the long polls waiting on this replica.
+pub trait Waiters: Send + Sync {
+    fn waiters(&self) -> usize;
+}
 
 const POOL_NAME: &str = "phone";
 
@@ -60,7 +60,7 @@ static INSTRUMENTS: OnceLock<Instruments> = OnceLock::new();
 /// (one in production; tests may start several).
 struct Source {
     pool: deadpool_postgres::WeakPool,
-    wakeup: Weak<Wakeup>,
+    waiters: Weak<dyn Waiters>,
 }
 
 static SOURCES: Mutex<Vec<Source>> = Mutex::new(Vec::new());
@@ -164,7 +164,7 @@ pub(crate) fn install(meter: &Meter) {
                 .with_callback(|observer| {
                     let waiters = live_sources()
                         .iter()
-                        .filter_map(|(_, wakeup)| wakeup.as_ref().map(|w| w.waiters() as u64))
+                        .filter_map(|(_, waiters)| waiters.as_ref().map(|w| w.waiters() as u64))
                         .sum();
                     observer.observe(waiters, &[]);
                 })
@@ -174,14 +174,14 @@ pub(crate) fn install(meter: &Meter) {
     let _ = INSTRUMENTS.set(instruments);
 }
 
-type LiveSource = (Option<deadpool_postgres::Pool>, Option<Arc<Wakeup>>);
+type LiveSource = (Option<deadpool_postgres::Pool>, Option<Arc<dyn Waiters>>);
 
 fn live_sources() -> Vec<LiveSource> {
     let mut sources = SOURCES.lock().expect("metrics sources lock");
-    sources.retain(|s| s.pool.upgrade().is_some() || s.wakeup.strong_count() > 0);
+    sources.retain(|s| s.pool.upgrade().is_some() || s.waiters.strong_count() > 0);
     sources
         .iter()
-        .map(|s| (s.pool.upgrade(), s.wakeup.upgrade()))
+        .map(|s| (s.pool.upgrade(), s.waiters.upgrade()))
         .collect()
 }
 
@@ -192,13 +192,13 @@ fn pool_totals(f: impl Fn(deadpool_postgres::Status) -> (i64, i64)) -> (i64, i64
         .fold((0, 0), |(a, b), (x, y)| (a + x, b + y))
 }
 
-/// Observes `phone`'s connection pool and long-poll waiters (weakly: a
-/// dropped `Phone` stops being reported).
-pub fn watch(phone: &Phone) {
-    SOURCES.lock().expect("metrics sources lock").push(Source {
-        pool: phone.pool().weak(),
-        wakeup: Arc::downgrade(phone.wakeup()),
-    });
+/// Observes a connection pool and its replica's long-poll waiters (weakly:
+/// dropped ones stop being reported).
+pub fn watch(pool: deadpool_postgres::WeakPool, waiters: Weak<dyn Waiters>) {
+    SOURCES
+        .lock()
+        .expect("metrics sources lock")
+        .push(Source { pool, waiters });
 }
 
 /// The route template of a path, so attacker-chosen paths cannot create
@@ -234,58 +234,43 @@ pub fn http_request(method: &http::Method, route: &'static str, status: u16, ela
     );
 }
 
+/// One finished tool call, in plain values.
+#[derive(Debug, Clone, Copy)]
+pub struct ToolCall {
+    /// One of the server's own tool names (unknown names never get here),
+    /// so the attribute values are a small, fixed set.
+    pub tool: &'static str,
+    /// `None` for a successful call.
+    pub error_kind: Option<&'static str>,
+    /// Messages it stored (a replayed idempotent send stores none).
+    pub messages_sent: u64,
+    /// Messages it handed to their recipient, and how: `read` (marked read)
+    /// or `lease`.
+    pub messages_read: Option<(&'static str, u64)>,
+}
+
 /// Records one tool call, and the messages it sent or handed out.
-/// `error_kind` is `None` for a successful call.
-pub fn tool_call(
-    request: &CallToolRequestParams,
-    result: &CallToolResult,
-    error_kind: Option<&'static str>,
-    elapsed: Duration,
-) {
+pub fn tool_call(call: ToolCall, elapsed: Duration) {
     let Some(m) = INSTRUMENTS.get() else { return };
-    // Only the server's own tools get here (unknown names are refused
-    // before), so the names are a small, fixed set.
-    let tool = request.name.as_ref();
-    let outcome = if error_kind.is_some() { "error" } else { "ok" };
+    let outcome = if call.error_kind.is_some() {
+        "error"
+    } else {
+        "ok"
+    };
     let mut attrs = vec![
-        KeyValue::new("tool", tool.to_owned()),
+        KeyValue::new("tool", call.tool),
         KeyValue::new("outcome", outcome),
     ];
     m.tool_duration.record(elapsed.as_secs_f64(), &attrs);
-    if let Some(kind) = error_kind {
+    if let Some(kind) = call.error_kind {
         attrs.push(KeyValue::new("error.kind", kind));
     }
     m.tool_calls.add(1, &attrs);
-    if error_kind.is_some() {
-        return;
+    if call.messages_sent > 0 {
+        m.messages_sent.add(call.messages_sent, &[]);
     }
-    let out = result.structured_content.as_ref();
-    match tool {
-        tools::SEND
-            if out.and_then(|o| o.get("replayed")).and_then(Value::as_bool) == Some(false) =>
-        {
-            m.messages_sent.add(1, &[]);
-        }
-        tools::INBOX => {
-            let arg = |k: &str| request.arguments.as_ref().and_then(|a| a.get(k));
-            let flag = |k: &str| arg(k).and_then(Value::as_bool).unwrap_or(false);
-            if flag("peek") || flag("include_read") {
-                return;
-            }
-            let mode = match arg("mode").and_then(Value::as_str).map(str::trim) {
-                Some("lease") => "lease",
-                _ => "read",
-            };
-            let n = out
-                .and_then(|o| o.get("messages"))
-                .and_then(Value::as_array)
-                .map_or(0, Vec::len);
-            if n > 0 {
-                m.messages_read
-                    .add(n as u64, &[KeyValue::new("mode", mode)]);
-            }
-        }
-        _ => {}
+    if let Some((mode, n)) = call.messages_read.filter(|(_, n)| *n > 0) {
+        m.messages_read.add(n, &[KeyValue::new("mode", mode)]);
     }
 }
 

@@ -2,44 +2,14 @@
 //! oldest unread messages of each inbox (SKIP LOCKED, so pollers on any
 //! replica take disjoint messages) and mark them read.
 
-use crate::domain::messages::{AVAILABLE, INBOX_ORDER, Message, POLLED_FIELDS, message};
-use crate::domain::types::TokenHash;
+use crate::store::fragments::{INBOX_ORDER, POLLED_FIELDS, available_to, caller_by_token};
 
+/// One read poll. Not `Debug`: it holds a token digest.
 #[derive(Clone)]
-pub(crate) struct QueuedPoll {
-    pub token: TokenHash,
+pub struct QueuedPoll {
+    pub token: [u8; 32],
     pub claimed: Option<String>,
     pub limit: i64,
-}
-
-/// What the statement did for one poll.
-pub(crate) struct PollOutcome {
-    /// The caller, when its token (and claimed name) were accepted.
-    pub me_id: Option<i64>,
-    /// Taken and marked read, oldest first.
-    pub messages: Vec<Message>,
-    /// Unread messages before this poll took its own (at most limit + cap).
-    pub waiting: i64,
-}
-
-impl PollOutcome {
-    pub(super) fn not_accepted() -> Self {
-        Self {
-            me_id: None,
-            messages: Vec::new(),
-            waiting: 0,
-        }
-    }
-
-    /// Adds a row of the polls' result (one per message taken, or one
-    /// without a message when none was), rows in message order.
-    pub(super) fn add_row(&mut self, row: &tokio_postgres::Row) {
-        self.me_id = Some(row.get("me_id"));
-        self.waiting = row.get("waiting");
-        if row.get::<_, Option<i64>>("id").is_some() {
-            self.messages.push(message(row, false));
-        }
-    }
 }
 
 /// The polls' CTEs of the mail statement, after `preq` (the polls: token,
@@ -51,20 +21,21 @@ impl PollOutcome {
 /// `messages` (a generic plan did, once one inbox held most unread mail);
 /// with nothing picked (a batch of sends only) that update does not run.
 pub(super) fn polls() -> String {
+    let caller = caller_by_token("r.token", "r.claimed");
+    let available = available_to("me.id");
     format!(
         "me AS (
              SELECT r.ord, r.lim, a.id, a.name, a.last_seen_at
              FROM preq r
              CROSS JOIN LATERAL (
                  SELECT id, name, last_seen_at FROM agents
-                 WHERE token_hash = r.token AND unregistered_at IS NULL
-                   AND (r.claimed IS NULL OR name = r.claimed)
+                 WHERE {caller}
                  OFFSET 0) a),
          picked AS (
              SELECT me.ord, p.id
              FROM me
              CROSS JOIN LATERAL (
-                 SELECT m.id FROM messages m WHERE {AVAILABLE}
+                 SELECT m.id FROM messages m WHERE {available}
                  ORDER BY {INBOX_ORDER} LIMIT me.lim FOR UPDATE SKIP LOCKED) p),
          taken AS (
              UPDATE messages m SET read_at = now(), leased_until = NULL,
@@ -74,7 +45,7 @@ pub(super) fn polls() -> String {
          waiting AS MATERIALIZED (
              SELECT me.ord,
                     (SELECT count(*) FROM (
-                         SELECT 1 FROM messages m WHERE {AVAILABLE}
+                         SELECT 1 FROM messages m WHERE {available}
                          ORDER BY {INBOX_ORDER} LIMIT me.lim + $13) w) AS n
              FROM me)"
     )

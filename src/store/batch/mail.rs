@@ -7,11 +7,11 @@
 
 use super::{
     PendingWakes, Write,
-    poll::{POLLERS, PollOutcome, QueuedPoll, polls},
-    send::{QueuedSend, SENDERS, SENDS, SendOutcome, WAKE_SQL, wake_sql},
+    poll::{POLLERS, QueuedPoll, polls},
+    send::{QueuedSend, SENDERS, SendOutcome, WAKE_SQL, sends, wake_sql},
 };
-use crate::domain::messages::{POLLED_COLUMNS, SENDER_LOOKUP};
-use crate::domain::{PhoneError, presence_write, types::TokenHash};
+use crate::store::fragments::{SENDER_LOOKUP, message_columns, presence_write};
+use crate::store::messages::Polled;
 use crate::store::{Pool, StoreError};
 
 /// One call of the mail statement.
@@ -23,7 +23,7 @@ pub(crate) enum MailCall {
 /// What the mail statement did for one call.
 pub(crate) enum MailDone {
     Sent(SendOutcome),
-    Polled(PollOutcome),
+    Polled(Polled),
 }
 
 /// Writes batches of sends and read polls.
@@ -42,7 +42,7 @@ impl Write for MailWrite {
 
     /// Two polls of one inbox in one statement would lock the same rows
     /// (a transaction does not skip its own locks) and take the same messages.
-    fn exclusive_key(call: &MailCall) -> Option<TokenHash> {
+    fn exclusive_key(call: &MailCall) -> Option<[u8; 32]> {
         match call {
             MailCall::Poll(poll) => Some(poll.token),
             MailCall::Send(_) => None,
@@ -70,7 +70,7 @@ impl Write for MailWrite {
         }
         let client = self.pool.get().await?;
         let stmt = client.prepare_cached(&MAIL_BATCH_SQL).await?;
-        let tokens: Vec<&[u8]> = sends.iter().map(|s| s.token.as_bytes()).collect();
+        let tokens: Vec<&[u8]> = sends.iter().map(|s| s.token.as_slice()).collect();
         let claimed: Vec<Option<&str>> = sends.iter().map(|s| s.claimed.as_deref()).collect();
         let to_names: Vec<&str> = sends.iter().map(|s| s.to_name.as_str()).collect();
         let subjects: Vec<Option<&str>> = sends.iter().map(|s| s.subject.as_deref()).collect();
@@ -79,7 +79,7 @@ impl Write for MailWrite {
         let threads: Vec<Option<i64>> = sends.iter().map(|s| s.thread_id).collect();
         let keys: Vec<Option<&str>> = sends.iter().map(|s| s.idempotency_key.as_deref()).collect();
         let to_ids: Vec<Option<i64>> = sends.iter().map(|s| s.to_id).collect();
-        let poll_tokens: Vec<&[u8]> = polls.iter().map(|p| p.token.as_bytes()).collect();
+        let poll_tokens: Vec<&[u8]> = polls.iter().map(|p| p.token.as_slice()).collect();
         let poll_claimed: Vec<Option<&str>> = polls.iter().map(|p| p.claimed.as_deref()).collect();
         let limits: Vec<i64> = polls.iter().map(|p| p.limit).collect();
         let to_wake = self.wakes.take();
@@ -115,7 +115,7 @@ impl Write for MailWrite {
             .iter()
             .map(|call| match call {
                 MailCall::Send(_) => MailDone::Sent(SendOutcome::NOT_ACCEPTED),
-                MailCall::Poll(_) => MailDone::Polled(PollOutcome::not_accepted()),
+                MailCall::Poll(_) => MailDone::Polled(Polled::default()),
             })
             .collect();
         let mut stored_for = Vec::new();
@@ -169,22 +169,22 @@ impl Write for MailWrite {
 }
 
 impl super::Batcher<MailWrite> {
-    pub async fn send(&self, send: QueuedSend) -> Result<SendOutcome, PhoneError> {
+    pub async fn send(&self, send: QueuedSend) -> Result<SendOutcome, StoreError> {
         match self.run(MailCall::Send(send)).await? {
             MailDone::Sent(outcome) => Ok(outcome),
-            MailDone::Polled(_) => Err(PhoneError::Internal),
+            MailDone::Polled(_) => Err(StoreError::BatchLost),
         }
     }
 
-    pub async fn poll(&self, poll: QueuedPoll) -> Result<PollOutcome, PhoneError> {
+    pub async fn poll(&self, poll: QueuedPoll) -> Result<Polled, StoreError> {
         match self.run(MailCall::Poll(poll)).await? {
             MailDone::Polled(outcome) => Ok(outcome),
-            MailDone::Sent(_) => Err(PhoneError::Internal),
+            MailDone::Sent(_) => Err(StoreError::BatchLost),
         }
     }
 }
 
-/// The mail statement, built once. `$1`-`$9` the sends (see `SENDS`),
+/// The mail statement, built once. `$1`-`$9` the sends (see `sends`),
 /// `$10` token digests, `$11` claimed names, `$12` limits of the polls
 /// (arrays, one element per call), `$13` the unread count's cap, `$14`
 /// recipients of committed sends to wake (the one-time filter on `preq`
@@ -197,17 +197,19 @@ impl super::Batcher<MailWrite> {
 static MAIL_BATCH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     let wake = wake_sql("$14");
     let polls = polls();
+    let sends = sends();
     let touch = presence_write(&format!("{SENDERS} UNION ALL {POLLERS}"));
+    let columns = message_columns("me.name");
     format!(
         "WITH woken AS ({wake}),
-         {SENDS},
+         {sends},
          preq AS (
              SELECT * FROM unnest((SELECT $10::bytea[]), (SELECT $11::text[]), (SELECT $12::bigint[]))
                  WITH ORDINALITY AS r(token, claimed, lim, ord)
              WHERE (SELECT n FROM woken) IS NOT NULL),
          {polls},
          touched AS ({touch})
-         SELECT true AS is_poll, me.ord, me.id AS me_id, {POLLED_COLUMNS},
+         SELECT true AS is_poll, me.ord, me.id AS me_id, {columns},
                 waiting.n AS waiting, NULL::bigint AS recipient_id
          FROM me
          JOIN waiting ON waiting.ord = me.ord

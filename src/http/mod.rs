@@ -1,0 +1,118 @@
+//! The HTTP surface: `/mcp` (rmcp's streamable HTTP server, stateless),
+//! `/health`, and the layers around them; `serve` is the accept loop.
+
+mod client_address;
+mod health;
+mod jsonrpc;
+pub mod serve;
+
+use std::time::Duration;
+
+use axum::{
+    Router,
+    http::{HeaderValue, StatusCode, header},
+    middleware,
+    routing::{any, get},
+};
+use rmcp::transport::streamable_http_server::{
+    StreamableHttpServerConfig, StreamableHttpService, session::never::NeverSessionManager,
+};
+use tower_http::{
+    limit::RequestBodyLimitLayer, set_header::SetResponseHeaderLayer, timeout::TimeoutLayer,
+};
+
+pub use client_address::ClientAddressFrom;
+
+use crate::{domain::Phone, mcp::PhoneServer};
+
+const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
+
+/// What the router needs to know about its deployment.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Host names (optionally host:port) accepted in the `Host` header, on
+    /// top of loopback. DNS-rebinding protection.
+    pub allowed_hosts: Vec<String>,
+    /// Browser origins (scheme://host[:port]) allowed to call `/mcp`.
+    pub allowed_origins: Vec<String>,
+    pub max_body_bytes: usize,
+    pub request_timeout: Duration,
+    /// Where the caller's address comes from, for rate limits.
+    pub client_address_from: ClientAddressFrom,
+}
+
+pub fn router(settings: &Settings, phone: Phone) -> Router {
+    let server = PhoneServer::new(phone.clone());
+    let mut hosts: Vec<String> = LOOPBACK_HOSTS.iter().map(|h| h.to_string()).collect();
+    hosts.extend(settings.allowed_hosts.iter().cloned());
+    let mcp_config = StreamableHttpServerConfig::default()
+        .with_legacy_session_mode(false)
+        .with_json_response(true)
+        .with_sse_keep_alive(None)
+        .with_allowed_hosts(hosts)
+        .with_allowed_origins(allowed_origins(settings))
+        // No browser origin is trusted unless configured: DNS rebinding.
+        .enforce_origin_validation()
+        .with_max_request_body_bytes(settings.max_body_bytes);
+    let mcp = StreamableHttpService::new(
+        move || Ok(server.clone()),
+        NeverSessionManager::default().into(),
+        mcp_config,
+    );
+
+    let max_body = settings.max_body_bytes;
+    let address_from = settings.client_address_from.clone();
+    Router::new()
+        .nest_service("/mcp", mcp)
+        .layer(middleware::from_fn(move |req, next| {
+            jsonrpc::check_jsonrpc(max_body, req, next)
+        }))
+        .layer(middleware::from_fn(move |req, next| {
+            client_address::attach(address_from.clone(), req, next)
+        }))
+        .route("/health", get(health::health))
+        // Claude Code probes OAuth discovery; a plain 404 tells it no auth flow exists.
+        .route(
+            "/.well-known/{*rest}",
+            any(|| async { StatusCode::NOT_FOUND }),
+        )
+        .with_state(phone)
+        .layer(RequestBodyLimitLayer::new(settings.max_body_bytes))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            settings.request_timeout,
+        ))
+        .layer(SetResponseHeaderLayer::overriding(
+            header::X_CONTENT_TYPE_OPTIONS,
+            HeaderValue::from_static("nosniff"),
+        ))
+        .layer(SetResponseHeaderLayer::if_not_present(
+            header::CACHE_CONTROL,
+            HeaderValue::from_static("no-store"),
+        ))
+        .layer(SetResponseHeaderLayer::overriding(
+            header::X_FRAME_OPTIONS,
+            HeaderValue::from_static("DENY"),
+        ))
+        // Outermost: the request's span (joining the caller's W3C trace
+        // context), its trace id for the log, and the request metrics.
+        .layer(middleware::from_fn(crate::telemetry::trace_request))
+}
+
+/// Browser origins accepted on `/mcp`: the server's own (loopback on any
+/// port, and each configured public host over HTTPS) plus configured ones.
+/// Any other Origin gets 403; requests without an Origin are not affected.
+fn allowed_origins(settings: &Settings) -> Vec<String> {
+    let mut origins: Vec<String> = ["http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*"]
+        .map(String::from)
+        .into();
+    for host in &settings.allowed_hosts {
+        if host.contains(':') {
+            origins.push(format!("https://{host}"));
+        } else {
+            origins.push(format!("https://{host}:443"));
+        }
+    }
+    origins.extend(settings.allowed_origins.iter().cloned());
+    origins
+}

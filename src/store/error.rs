@@ -1,0 +1,73 @@
+//! Database errors, classified for the layers above.
+
+use deadpool_postgres::PoolError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// No connection became free in time, or none could be made: the caller
+    /// may retry shortly.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+    #[error("database error: {0}")]
+    Query(#[from] tokio_postgres::Error),
+    #[error("migration failed: {0}")]
+    Migration(#[from] refinery::Error),
+    #[error("bad DATABASE_URL: {0}")]
+    Config(String),
+    /// The group-commit batch that carried the call ended without an answer
+    /// (its task panicked or was aborted).
+    #[error("the batch carrying this call ended without an answer")]
+    BatchLost,
+}
+
+impl From<PoolError> for StoreError {
+    fn from(err: PoolError) -> Self {
+        match err {
+            PoolError::Timeout(_) => Self::Unavailable(POOL_BUSY.into()),
+            PoolError::Backend(e) => Self::from(e),
+            other => Self::Unavailable(other.to_string()),
+        }
+    }
+}
+
+impl StoreError {
+    /// A closed connection or a server shutting down is an outage, not a bug.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            Self::Unavailable(_) => true,
+            Self::Query(e) => {
+                e.is_closed()
+                    || e.code().is_some_and(|c| {
+                        let c = c.code();
+                        // Connection lost, server shutting down, too many
+                        // connections, or our statement/lock timeout fired.
+                        c.starts_with("08")
+                            || c.starts_with("57P")
+                            || c == "53300"
+                            || c == "57014"
+                            || c == "55P03"
+                    })
+                    || e.as_db_error().is_none() && e.code().is_none()
+            }
+            _ => false,
+        }
+    }
+
+    /// For an unavailable database: what a caller may be told (never the
+    /// database's own text, which names hosts and users).
+    pub fn unavailable_reason(&self) -> String {
+        match self {
+            Self::Unavailable(reason) => reason.clone(),
+            Self::Query(e)
+                if e.code()
+                    .is_some_and(|c| c.code() == "57014" || c.code() == "55P03") =>
+            {
+                "the database is busy".into()
+            }
+            _ => "database unreachable".into(),
+        }
+    }
+}
+
+/// Why a caller waited in vain for a pooled connection.
+pub const POOL_BUSY: &str = "all database connections are busy";

@@ -1,0 +1,114 @@
+//! The SQL pieces that several statements share, each written once, here.
+//! Every fragment names what it needs from the statement around it (the
+//! table aliases it reads, the expressions it is given): its contract.
+//! Statements compose them with `format!` once per process, never with
+//! values: every value is a bound parameter.
+
+/// An agent's presence (`last_seen_at`) is written at most this often, so a
+/// busy agent costs no write per call.
+pub const PRESENCE_INTERVAL_SECS: u32 = 60;
+
+/// The registered agent holding a token: a condition on `agents` (its
+/// columns unqualified). `token` is an SQL expression for the SHA-256 digest
+/// (bytea), `claimed` one for the name the caller claimed (text, NULL for
+/// none): a claimed name must be the token's agent. Served by the unique
+/// index on `token_hash`.
+pub fn caller_by_token(token: &str, claimed: &str) -> String {
+    format!(
+        "token_hash = {token} AND unregistered_at IS NULL \
+         AND ({claimed}::text IS NULL OR name = {claimed}::text)"
+    )
+}
+
+/// Presence of a caller is stale: a condition on `agents` columns.
+fn presence_stale() -> String {
+    format!(
+        "(last_seen_at IS NULL OR last_seen_at < now() - interval '{PRESENCE_INTERVAL_SECS} seconds')"
+    )
+}
+
+/// The presence write, a statement of its own (for a `WITH` clause):
+/// `callers` is a query selecting the `id` and `last_seen_at` of verified
+/// callers. Only stale callers become keys, so a fresh one costs no index
+/// lookup; the staleness test is repeated on the locked row, so concurrent
+/// calls of one agent write it once.
+pub fn presence_write(callers: &str) -> String {
+    let stale = presence_stale();
+    format!(
+        "UPDATE agents SET last_seen_at = now()
+         WHERE id = ANY (ARRAY(SELECT id FROM ({callers}) c WHERE {stale})) AND {stale}"
+    )
+}
+
+/// Messages an inbox may hand out now: a condition on `messages m`, for the
+/// recipient whose id `recipient` (an SQL expression) gives. An equality
+/// here, not a key range: the partial unread index (`messages_unread_idx`)
+/// is the cheapest path whatever the statistics say (the backlog test
+/// checks it), and with a key range the poll at 10M messages of history
+/// touched 55-68 pages instead of 41 and took twice as long end to end
+/// (`make bench` growth, A/B alternated twice).
+pub fn available_to(recipient: &str) -> String {
+    format!(
+        "m.recipient_id = {recipient} AND m.read_at IS NULL
+         AND (m.leased_until IS NULL OR m.leased_until <= now())"
+    )
+}
+
+/// The order an inbox is read in (`messages m`). The unread counts order by
+/// it too, so that no plan counts with a sequential scan (a generic plan
+/// did, with statistics dominated by one inbox's backlog).
+pub const INBOX_ORDER: &str = "m.recipient_id, m.id";
+
+/// One agent's messages as a key range of an index on `(column, id)` of
+/// `messages m`, to be read in `(column, id)` order; `agent` is an SQL
+/// expression for the agent's id. Written as `column = agent`, the planner
+/// treats the first key as constant, so the primary key alone also delivers
+/// that order: a generic plan then walked it through everyone's mail, once
+/// one inbox held most of the messages (54 ms per poll instead of 0.9; test
+/// `one_inbox_with_a_huge_backlog_leaves_the_others_on_their_indexes`). A
+/// row comparison makes no such equivalence: only the `(column, id)`
+/// indexes deliver the order. `after` / `before` bound the ids (exclusive,
+/// SQL expressions that may be NULL for no bound), for cursors.
+pub fn key_range(column: &str, agent: &str, after: &str, before: &str) -> String {
+    format!(
+        "(m.{column}, m.id) > ({agent}, coalesce({after}, 0))
+         AND (m.{column}, m.id) < ({agent}, coalesce({before}, {}))",
+        i64::MAX
+    )
+}
+
+/// The message fields a poll reads from `messages m` (or returns from an
+/// `UPDATE messages m`).
+pub const POLLED_FIELDS: &str = "m.id, m.sender_id, m.subject, m.body, m.reply_to, m.thread_id,
+     m.sent_at, m.read_at, m.delivery_count, m.leased_until";
+
+/// What a listing returns per message, as `rows::message` reads it, from
+/// `messages m` (or a relation with [`POLLED_FIELDS`]), the sender `s`
+/// (name, project) and the recipient's name as `recipient_name` (an SQL
+/// expression).
+pub fn message_columns(recipient_name: &str) -> String {
+    format!(
+        "m.id, s.name AS sender, s.project AS sender_project, {recipient_name} AS recipient,
+     m.subject, m.body, m.reply_to, m.thread_id, m.sent_at, m.read_at, m.delivery_count,
+     m.leased_until"
+    )
+}
+
+/// Each message's sender as `s`, by primary key, for a relation `m` with a
+/// `sender_id`. OFFSET 0 keeps this a lookup per message: as a plain join,
+/// the generic plan at 10M messages of history hashed the whole agents
+/// table to name one sender.
+pub const SENDER_LOOKUP: &str = "LEFT JOIN LATERAL (
+         SELECT a.name, a.project FROM agents a WHERE a.id = m.sender_id OFFSET 0) s ON true";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_presence_interval_is_the_one_constant() {
+        let write = presence_write("SELECT id, last_seen_at FROM me");
+        assert_eq!(write.matches("interval '60 seconds'").count(), 2);
+        assert!(caller_by_token("$1", "$2").contains("name = $2::text"));
+    }
+}

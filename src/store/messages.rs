@@ -1,0 +1,389 @@
+//! Statements on the mailbox (`messages`, `inbox_waiters`) that run one call
+//! at a time: reply targets, idempotent replays, lease / peek / history
+//! polls, waiters, acknowledgements, outbox and threads. Sends and read
+//! polls go through group commit (`batch`).
+
+use std::sync::LazyLock;
+
+use chrono::{DateTime, Utc};
+
+use super::fragments::{
+    INBOX_ORDER, POLLED_FIELDS, SENDER_LOOKUP, available_to, caller_by_token, key_range,
+    message_columns, presence_write,
+};
+use super::rows::{Message, Sent};
+use super::{Client, StoreError};
+
+/// What a poll did for one caller.
+#[derive(Debug, Clone, Default)]
+pub struct Polled {
+    /// The caller, when its token (and claimed name) were accepted.
+    pub me_id: Option<i64>,
+    /// What the poll returned, in its order.
+    pub messages: Vec<Message>,
+    /// Unread messages before the poll took any (capped: see the poll).
+    pub waiting: i64,
+}
+
+impl Polled {
+    /// Adds a row of a poll's result: one per message, or one without a
+    /// message when there was none; `me_id` and `waiting` on every row.
+    pub(super) fn add_row(&mut self, row: &tokio_postgres::Row) {
+        self.me_id = Some(row.get("me_id"));
+        self.waiting = row.get("waiting");
+        if row.get::<_, Option<i64>>("id").is_some() {
+            self.messages.push(Message::from_row(row));
+        }
+    }
+}
+
+/// The caller (`me`) of a one-call statement, by token digest `$1` and
+/// claimed name `$2`, and its presence write.
+fn me_with_presence() -> String {
+    format!(
+        "me AS (SELECT id, name, last_seen_at FROM agents WHERE {}),
+         touched AS ({})",
+        caller_by_token("$1", "$2"),
+        presence_write("SELECT id, last_seen_at FROM me")
+    )
+}
+
+/// The other party and thread of message `$3`, for caller `$1`/`$2`. One
+/// row when the caller is accepted; its `other` is NULL unless the caller
+/// sent or received the message. Indexes: token, primary keys.
+static REPLY_TARGET: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH me AS (SELECT id FROM agents WHERE {})
+         SELECT m.thread_id,
+                CASE WHEN m.sender_id = me.id THEN m.recipient_id ELSE m.sender_id END AS other_id,
+                CASE WHEN m.sender_id = me.id THEN r.name ELSE s.name END AS other
+         FROM me
+         LEFT JOIN (messages m
+                    JOIN agents s ON s.id = m.sender_id
+                    JOIN agents r ON r.id = m.recipient_id)
+           ON m.id = $3 AND (m.sender_id = me.id OR m.recipient_id = me.id)",
+        caller_by_token("$1", "$2")
+    )
+});
+
+/// The conversation a reply joins.
+#[derive(Debug, Clone)]
+pub struct ReplyTarget {
+    pub thread_id: i64,
+    pub other_id: i64,
+    pub other_name: String,
+}
+
+/// `None` when the credentials are not accepted; `Some(None)` when the
+/// message is not one the caller sent or received.
+pub async fn reply_target(
+    db: &Client,
+    token_hash: &[u8],
+    claimed: Option<&str>,
+    message_id: i64,
+) -> Result<Option<Option<ReplyTarget>>, StoreError> {
+    let stmt = db.prepare_cached(&REPLY_TARGET).await?;
+    let Some(row) = db
+        .query_opt(&stmt, &[&token_hash, &claimed, &message_id])
+        .await?
+    else {
+        return Ok(None);
+    };
+    Ok(Some(row.get::<_, Option<String>>("other").map(|other| {
+        ReplyTarget {
+            thread_id: row.get("thread_id"),
+            other_id: row.get("other_id"),
+            other_name: other,
+        }
+    })))
+}
+
+/// The message sender `$1` sent with idempotency key `$2`. Index:
+/// `messages_idempotency_idx`.
+const BY_IDEMPOTENCY_KEY: &str =
+    "SELECT m.id, r.name AS recipient, m.subject, m.body, m.reply_to, m.thread_id, m.sent_at
+     FROM messages m JOIN agents r ON r.id = m.recipient_id
+     WHERE m.sender_id = $1 AND m.idempotency_key = $2";
+
+/// What an earlier send with the same key stored.
+#[derive(Debug, Clone)]
+pub struct Earlier {
+    pub id: i64,
+    pub recipient: String,
+    pub subject: Option<String>,
+    pub body: String,
+    pub reply_to: Option<i64>,
+    pub thread_id: i64,
+    pub sent_at: DateTime<Utc>,
+}
+
+pub async fn by_idempotency_key(
+    db: &Client,
+    sender_id: i64,
+    key: &str,
+) -> Result<Option<Earlier>, StoreError> {
+    let stmt = db.prepare_cached(BY_IDEMPOTENCY_KEY).await?;
+    Ok(db
+        .query_opt(&stmt, &[&sender_id, &key])
+        .await?
+        .map(|r| Earlier {
+            id: r.get("id"),
+            recipient: r.get("recipient"),
+            subject: r.get("subject"),
+            body: r.get("body"),
+            reply_to: r.get("reply_to"),
+            thread_id: r.get("thread_id"),
+            sent_at: r.get("sent_at"),
+        }))
+}
+
+/// A poll that runs on its own (read polls are batched).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Look {
+    /// Hands the oldest available messages out for this many seconds.
+    Lease { seconds: u32 },
+    /// The oldest available messages, changing nothing.
+    Peek,
+    /// The most recent messages, read or not, newest first; changes nothing.
+    History,
+}
+
+/// The unread count of a poll: at most `$3 + $4` (limit + cap) of the
+/// caller's available messages, in index order.
+fn count_waiting(limit: &str) -> String {
+    format!(
+        "SELECT count(*) AS n FROM me CROSS JOIN LATERAL (
+             SELECT 1 FROM messages m WHERE {}
+             ORDER BY {INBOX_ORDER} LIMIT {limit}) w",
+        available_to("me.id")
+    )
+}
+
+/// The statements of [`Look`]. `$1` token digest, `$2` claimed name, `$3`
+/// limit, `$4` count cap, `$5` lease seconds (lease only). One row per
+/// message (or one without), each with `me_id` and `waiting`. Indexes:
+/// `messages_unread_idx` (available mail), `messages_inbox_cover_idx`
+/// (history, as a key range).
+fn look_sql(look: Look) -> String {
+    let me = me_with_presence();
+    let columns = message_columns("me.name");
+    let available = available_to("me.id");
+    match look {
+        Look::History => format!(
+            "WITH {me}
+             SELECT me.id AS me_id, {columns},
+                    (SELECT count(*) FROM (
+                         SELECT 1 FROM messages m WHERE {available}
+                         ORDER BY {INBOX_ORDER} LIMIT $4) w) AS waiting
+             FROM me
+             LEFT JOIN LATERAL (
+                 SELECT {POLLED_FIELDS} FROM messages m
+                 WHERE {inbox}
+                 ORDER BY m.recipient_id DESC, m.id DESC
+                 LIMIT $3) m ON true
+             {SENDER_LOOKUP}
+             ORDER BY m.id DESC",
+            inbox = key_range("recipient_id", "me.id", "NULL::bigint", "NULL::bigint")
+        ),
+        Look::Peek => format!(
+            "WITH {me},
+                  picked AS (
+                      SELECT {POLLED_FIELDS} FROM me CROSS JOIN LATERAL (
+                          SELECT * FROM messages m WHERE {available}
+                          ORDER BY {INBOX_ORDER} LIMIT $3) m),
+                  waiting AS ({waiting})
+             SELECT me.id AS me_id, {columns}, waiting.n AS waiting
+             FROM me CROSS JOIN waiting
+             LEFT JOIN picked m ON true
+             {SENDER_LOOKUP}
+             ORDER BY m.id",
+            waiting = count_waiting("$3 + $4")
+        ),
+        // Locks the oldest available messages and updates them in one
+        // statement; SKIP LOCKED lets concurrent pollers of one inbox, on
+        // any replica, take disjoint messages.
+        Look::Lease { .. } => format!(
+            "WITH {me},
+             picked AS (
+                 SELECT p.id FROM me CROSS JOIN LATERAL (
+                     SELECT m.id FROM messages m WHERE {available}
+                     ORDER BY {INBOX_ORDER} LIMIT $3 FOR UPDATE SKIP LOCKED) p),
+             taken AS (
+                 UPDATE messages m
+                 SET leased_until = now() + make_interval(secs => $5),
+                     delivery_count = m.delivery_count + 1
+                 WHERE m.id = ANY (ARRAY(SELECT id FROM picked))
+                 RETURNING {POLLED_FIELDS}),
+             waiting AS ({waiting})
+             SELECT me.id AS me_id, {columns}, waiting.n AS waiting
+             FROM me CROSS JOIN waiting
+             LEFT JOIN taken m ON true
+             {SENDER_LOOKUP}
+             ORDER BY m.id",
+            waiting = count_waiting("$3 + $4")
+        ),
+    }
+}
+
+static LOOK_SQL: LazyLock<[String; 3]> = LazyLock::new(|| {
+    [
+        look_sql(Look::Lease { seconds: 0 }),
+        look_sql(Look::Peek),
+        look_sql(Look::History),
+    ]
+});
+
+/// One poll of `look` for the caller `token_hash`/`claimed`: at most `limit`
+/// messages; `waiting` counts up to `cap` beyond them.
+pub async fn look(
+    db: &Client,
+    look: Look,
+    token_hash: &[u8],
+    claimed: Option<&str>,
+    limit: i64,
+    cap: i64,
+) -> Result<Polled, StoreError> {
+    let sql = match look {
+        Look::Lease { .. } => &LOOK_SQL[0],
+        Look::Peek => &LOOK_SQL[1],
+        Look::History => &LOOK_SQL[2],
+    };
+    let stmt = db.prepare_cached(sql).await?;
+    let rows = match look {
+        Look::Lease { seconds } => {
+            let seconds = f64::from(seconds);
+            db.query(&stmt, &[&token_hash, &claimed, &limit, &cap, &seconds])
+                .await?
+        }
+        Look::Peek | Look::History => {
+            db.query(&stmt, &[&token_hash, &claimed, &limit, &cap])
+                .await?
+        }
+    };
+    let mut polled = Polled::default();
+    for row in &rows {
+        polled.add_row(row);
+    }
+    Ok(polled)
+}
+
+/// A long poll's row, so that sends to `$1` notify (see `batch::send`);
+/// also clears that agent's expired rows. `$2` seconds to live.
+const ADD_WAITER: &str = "WITH expired AS (
+         DELETE FROM inbox_waiters WHERE agent_id = $1 AND expires_at < now())
+     INSERT INTO inbox_waiters (agent_id, expires_at)
+     VALUES ($1, now() + make_interval(secs => $2)) RETURNING id";
+
+pub async fn add_waiter(db: &Client, agent_id: i64, ttl_secs: f64) -> Result<i64, StoreError> {
+    let stmt = db.prepare_cached(ADD_WAITER).await?;
+    Ok(db.query_one(&stmt, &[&agent_id, &ttl_secs]).await?.get(0))
+}
+
+const REMOVE_WAITER: &str = "DELETE FROM inbox_waiters WHERE id = $1";
+
+pub async fn remove_waiter(db: &Client, waiter_id: i64) -> Result<(), StoreError> {
+    let stmt = db.prepare_cached(REMOVE_WAITER).await?;
+    db.execute(&stmt, &[&waiter_id]).await.map(drop)
+}
+
+/// Acknowledges messages `$2` addressed to `$1`; returns the ids among
+/// them that are acknowledged now (also those acknowledged before).
+/// Primary key.
+const ACK: &str = "WITH acked AS (
+         UPDATE messages
+         SET acked_at = now(), read_at = coalesce(read_at, now()), leased_until = NULL
+         WHERE recipient_id = $1 AND id = ANY($2) AND acked_at IS NULL
+         RETURNING id)
+     SELECT id FROM acked
+     UNION
+     SELECT id FROM messages WHERE recipient_id = $1 AND id = ANY($2) AND acked_at IS NOT NULL";
+
+pub async fn ack(db: &Client, recipient_id: i64, ids: &[i64]) -> Result<Vec<i64>, StoreError> {
+    let stmt = db.prepare_cached(ACK).await?;
+    Ok(db
+        .query(&stmt, &[&recipient_id, &ids])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
+}
+
+/// What `$1` sent, newest first, before message id `$2` (NULL: from the
+/// newest), `$3` rows. A key range of `messages_sender_cover_idx`.
+static OUTBOX: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT m.id, r.name AS recipient, m.subject, m.body, m.reply_to, m.thread_id,
+                m.sent_at, m.read_at, m.acked_at, m.delivery_count,
+                CASE WHEN m.acked_at IS NOT NULL THEN 'acknowledged'
+                     WHEN m.read_at IS NOT NULL THEN 'read'
+                     WHEN m.leased_until > now() THEN 'leased'
+                     ELSE 'waiting' END AS state
+         FROM (SELECT * FROM messages m
+               WHERE {}
+               ORDER BY m.sender_id DESC, m.id DESC
+               LIMIT $3) m
+         JOIN agents r ON r.id = m.recipient_id
+         ORDER BY m.id DESC",
+        key_range("sender_id", "$1::bigint", "NULL::bigint", "$2::bigint")
+    )
+});
+
+pub async fn outbox(
+    db: &Client,
+    sender_id: i64,
+    before: Option<i64>,
+    fetch: i64,
+) -> Result<Vec<Sent>, StoreError> {
+    let stmt = db.prepare_cached(&OUTBOX).await?;
+    let rows = db.query(&stmt, &[&sender_id, &before, &fetch]).await?;
+    Ok(rows.iter().map(Sent::from_row).collect())
+}
+
+/// The thread of message `$1`, when `$2` sent or received it. Primary key.
+const THREAD_OF: &str =
+    "SELECT thread_id FROM messages WHERE id = $1 AND (sender_id = $2 OR recipient_id = $2)";
+
+pub async fn thread_of(
+    db: &Client,
+    message_id: i64,
+    participant: i64,
+) -> Result<Option<i64>, StoreError> {
+    let stmt = db.prepare_cached(THREAD_OF).await?;
+    Ok(db
+        .query_opt(&stmt, &[&message_id, &participant])
+        .await?
+        .map(|r| r.get(0)))
+}
+
+/// Thread `$1`'s messages that `$2` sent or received, oldest first, after
+/// message id `$3` (NULL: from the first), `$4` rows. A key range of
+/// `messages_thread_cover_idx`.
+static THREAD: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {}
+         FROM (SELECT * FROM messages m
+               WHERE {}
+                 AND (m.sender_id = $2 OR m.recipient_id = $2)
+               ORDER BY m.thread_id, m.id
+               LIMIT $4) m
+         JOIN agents s ON s.id = m.sender_id
+         JOIN agents r ON r.id = m.recipient_id
+         ORDER BY m.id",
+        message_columns("r.name"),
+        key_range("thread_id", "$1::bigint", "$3::bigint", "NULL::bigint")
+    )
+});
+
+pub async fn thread(
+    db: &Client,
+    thread_id: i64,
+    participant: i64,
+    after: Option<i64>,
+    fetch: i64,
+) -> Result<Vec<Message>, StoreError> {
+    let stmt = db.prepare_cached(&THREAD).await?;
+    let rows = db
+        .query(&stmt, &[&thread_id, &participant, &after, &fetch])
+        .await?;
+    Ok(rows.iter().map(Message::from_row).collect())
+}
