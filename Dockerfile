@@ -18,23 +18,31 @@ FROM rust:${RUST_VERSION}-${DEBIAN_RELEASE} AS builder
 WORKDIR /build
 
 # 1. Dependencies only. With just the manifests and a dummy lib + main, this
-#    layer compiles every crate in Cargo.lock and is reused as long as
-#    Cargo.toml and Cargo.lock do not change: editing src/ rebuilds only phone.
+#    layer compiles every crate the server needs and is reused as long as the
+#    manifests and Cargo.lock do not change: editing src/ rebuilds only phone.
+#    Cargo.toml is a workspace with member bench/ (the benchmark, phone-bench):
+#    cargo must read bench/Cargo.toml to load the workspace and check
+#    Cargo.lock, so that manifest comes in too (.dockerignore lets only it
+#    through from bench/) with a dummy main. The bench itself is never built:
+#    `-p phone` resolves and compiles the server's dependencies only.
 COPY Cargo.toml Cargo.lock ./
-RUN mkdir src \
+COPY bench/Cargo.toml ./bench/
+RUN mkdir -p src bench/src \
     && echo 'fn main() {}' > src/main.rs \
     && touch src/lib.rs \
-    && cargo build --release --locked --bin phone \
+    && echo 'fn main() {}' > bench/src/main.rs \
+    && cargo build --release --locked -p phone --bin phone \
     && rm -rf src
 
 # 2. The application. Migrations are embedded at compile time (refinery), so
 #    they are copied before building. COPY keeps the files' own mtimes, which
 #    can be older than the dummy build above: touch them so cargo rebuilds.
-#    `--bin phone`: the server only, not the other binaries under src/bin/.
+#    `-p phone --bin phone`: the server only. bench/ keeps its dummy main from
+#    step 1 (the workspace still needs the member) and is not built.
 COPY migrations ./migrations
 COPY src ./src
 RUN touch src/main.rs src/lib.rs \
-    && cargo build --release --locked --bin phone \
+    && cargo build --release --locked -p phone --bin phone \
     && install -D -m 0755 target/release/phone /out/phone
 
 ############################ run ############################

@@ -17,7 +17,9 @@ mkdir -p data
 
 build_start=$(date +%s)
 echo "bench: building release binaries (phone, phone-bench)" >&2
-cargo build --release --bins --quiet
+# Two packages of one workspace, one invocation (features unified, one shared
+# target dir): both binaries land in ./target/release.
+cargo build --release --quiet -p phone --bin phone -p phone-bench --bin phone-bench
 echo "bench: build took $(( $(date +%s) - build_start )) s" >&2
 
 # Durable mode (fsync and synchronous_commit on), unlike the tests' cluster.

@@ -10,15 +10,10 @@
 //!                   [--pool-size 16] [--base-port 3101]
 //!                   [--only mix,rate,wake,search,growth,fsync]
 
-#[path = "phone-bench/db.rs"]
 mod db;
-#[path = "phone-bench/load.rs"]
 mod load;
-#[path = "phone-bench/mcp.rs"]
 mod mcp;
-#[path = "phone-bench/stats.rs"]
 mod stats;
-#[path = "phone-bench/wake.rs"]
 mod wake;
 
 use std::{
@@ -135,7 +130,7 @@ const RACE_WAIT: u64 = 1;
 const REARM_WAIT: u64 = 5;
 /// One swarm poll goes out every so often: 1,000 in 2 s.
 const WAKE_ARM_EVERY: Duration = Duration::from_millis(2);
-/// The server's notification channel (`CHANNEL` in src/domain/wakeup.rs).
+/// The server's notification channel (`CHANNEL` in src/store/wakeup.rs).
 const MAIL_CHANNEL: &str = "phone_mail";
 /// pg_stat_activity sampling during the send-rate windows.
 const WAIT_SAMPLE_EVERY: Duration = Duration::from_millis(50);
