@@ -4,7 +4,7 @@
 
 use std::{net::IpAddr, time::Duration};
 
-use crate::{http, store};
+use crate::{domain::messages::WAIT_SECONDS_MAX, http, store};
 
 pub use crate::telemetry::LogFormat;
 
@@ -39,6 +39,8 @@ pub struct Config {
     pub auth_failure_limit: u32,
     /// New registrations allowed per client address per hour (0: unlimited).
     pub register_limit: u32,
+    /// The longest a phone_inbox call may wait for mail.
+    pub max_wait_secs: u32,
 }
 
 impl Config {
@@ -96,6 +98,30 @@ impl Config {
             Duration::from_millis(parse(&get, "PHONE_STATEMENT_TIMEOUT_MS", 10_000)?)
                 .min(request_timeout.saturating_sub(Duration::from_millis(500)))
                 .max(Duration::from_millis(100));
+        let pool_timeout = Duration::from_millis(parse(&get, "PHONE_POOL_TIMEOUT_MS", 2000)?);
+        let max_wait_secs = bounded(
+            parse(&get, "PHONE_MAX_WAIT_SECS", WAIT_SECONDS_MAX as usize)?,
+            "PHONE_MAX_WAIT_SECS",
+            0,
+            WAIT_SECONDS_MAX as usize,
+        )? as u32;
+        // A long poll's wait ends this long before its request times out,
+        // for its last look and the answer's way out. (Should the last look
+        // run over, the request times out and what it took goes back.)
+        let last_look = Duration::from_millis(LAST_LOOK_MS);
+        let longest = Duration::from_secs(max_wait_secs.into()) + last_look;
+        if longest > request_timeout {
+            return Err(ConfigError::Invalid {
+                name: "PHONE_REQUEST_TIMEOUT_MS",
+                value: request_timeout.as_millis().to_string(),
+                reason: format!(
+                    "cannot fit the longest phone_inbox wait: PHONE_MAX_WAIT_SECS={max_wait_secs} \
+                     plus {LAST_LOOK_MS} ms for its last look is {} ms; \
+                     raise PHONE_REQUEST_TIMEOUT_MS or lower PHONE_MAX_WAIT_SECS",
+                    longest.as_millis()
+                ),
+            });
+        }
         let trust_forwarded_for: bool = parse(&get, "PHONE_TRUST_FORWARDED_FOR", false)?;
         let client_ip_header = get("PHONE_CLIENT_IP_HEADER")
             .filter(|v| !v.trim().is_empty())
@@ -121,7 +147,7 @@ impl Config {
                     1,
                     1000,
                 )?,
-                pool_timeout: Duration::from_millis(parse(&get, "PHONE_POOL_TIMEOUT_MS", 2000)?),
+                pool_timeout,
                 statement_timeout,
             },
             http: http::Settings {
@@ -134,6 +160,7 @@ impl Config {
                     16 * 1024 * 1024,
                 )?,
                 request_timeout,
+                answer_within: request_timeout.saturating_sub(last_look),
                 client_address_from,
             },
             connections: http::serve::ConnectionLimits {
@@ -159,9 +186,13 @@ impl Config {
             log_format,
             auth_failure_limit: parse(&get, "PHONE_AUTH_FAILURE_LIMIT", 20)?,
             register_limit: parse(&get, "PHONE_REGISTER_LIMIT", 60)?,
+            max_wait_secs,
         })
     }
 }
+
+/// What a long poll keeps of its request's time for its last look.
+const LAST_LOOK_MS: u64 = 2000;
 
 fn list(value: Option<String>) -> Vec<String> {
     value
@@ -254,5 +285,27 @@ mod tests {
         ])
         .unwrap_err();
         assert!(err.to_string().contains("between 1 and 1000"), "{err}");
+    }
+
+    #[test]
+    fn a_request_timeout_too_short_for_the_longest_wait_is_refused() {
+        let err = config(&[
+            ("DATABASE_URL", "postgres://x@h/db"),
+            ("PHONE_REQUEST_TIMEOUT_MS", "20000"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("PHONE_REQUEST_TIMEOUT_MS") && err.contains("PHONE_MAX_WAIT_SECS=25"),
+            "{err}"
+        );
+        let fits = config(&[
+            ("DATABASE_URL", "postgres://x@h/db"),
+            ("PHONE_REQUEST_TIMEOUT_MS", "20000"),
+            ("PHONE_MAX_WAIT_SECS", "18"),
+        ])
+        .unwrap();
+        assert_eq!(fits.max_wait_secs, 18);
+        assert_eq!(fits.http.answer_within, Duration::from_secs(18));
     }
 }

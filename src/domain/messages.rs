@@ -7,7 +7,7 @@ use base64::Engine as _;
 use chrono::{DateTime, Utc};
 
 use super::types::{self, AgentName, IdempotencyKey, InvalidInput, MessageId};
-use super::{Caller, Credentials, Phone, PhoneError};
+use super::{Call, Caller, Credentials, Phone, PhoneError};
 use crate::store::{self, QueuedPoll, QueuedSend, messages::Look};
 
 pub use crate::store::rows::{Delivery, Message, Sent as OutboxEntry};
@@ -65,6 +65,7 @@ pub struct Sent {
 pub const INBOX_LIMIT_MAX: u32 = 100;
 /// `unread_remaining` counts at most this many, so a poll never scans a backlog.
 pub const UNREAD_COUNT_CAP: i64 = 100;
+/// The longest wait a server allows (`PHONE_MAX_WAIT_SECS` may lower it).
 pub const WAIT_SECONDS_MAX: u32 = 25;
 pub const LEASE_SECONDS_DEFAULT: u32 = 300;
 pub const LEASE_SECONDS_MAX: u32 = 3600;
@@ -98,6 +99,7 @@ impl InboxRequest {
         mode: Option<&str>,
         lease_seconds: Option<u32>,
         wait_seconds: Option<u32>,
+        max_wait: u32,
     ) -> Result<Self, InvalidInput> {
         let limit = limit.unwrap_or(10);
         if !(1..=INBOX_LIMIT_MAX).contains(&limit) {
@@ -137,10 +139,10 @@ impl InboxRequest {
             (false, false, false) => InboxMode::Read,
         };
         let wait = wait_seconds.unwrap_or(0);
-        if wait > WAIT_SECONDS_MAX {
+        if wait > max_wait {
             return Err(InvalidInput::new(
                 "wait_seconds",
-                format!("must be from 0 to {WAIT_SECONDS_MAX}; got {wait}"),
+                format!("must be from 0 to {max_wait}; got {wait}"),
             ));
         }
         if wait > 0 && mode == InboxMode::History {
@@ -224,7 +226,12 @@ fn page<T>(mut rows: Vec<T>, limit: u32, id: impl Fn(&T) -> i64) -> (Vec<T>, Opt
 const FALLBACK_RECHECK: Duration = Duration::from_secs(2);
 
 impl Phone {
-    pub async fn send(&self, creds: &Credentials, req: SendRequest) -> Result<Sent, PhoneError> {
+    pub async fn send(
+        &self,
+        creds: &Credentials,
+        req: SendRequest,
+        call: &Call,
+    ) -> Result<Sent, PhoneError> {
         self.check_address_block(&creds.client_address)?;
         let claimed = creds.claimed_name();
 
@@ -264,17 +271,20 @@ impl Phone {
         // concurrent insert of the same key to commit).
         let outcome = self
             .store
-            .send(QueuedSend {
-                token: creds.token.0,
-                claimed: claimed.map(str::to_owned),
-                to_name: to.as_str().to_owned(),
-                subject: req.subject.clone(),
-                body: req.body.clone(),
-                reply_to,
-                thread_id,
-                idempotency_key: key.map(str::to_owned),
-                to_id,
-            })
+            .send(
+                QueuedSend {
+                    token: creds.token.0,
+                    claimed: claimed.map(str::to_owned),
+                    to_name: to.as_str().to_owned(),
+                    subject: req.subject.clone(),
+                    body: req.body.clone(),
+                    reply_to,
+                    thread_id,
+                    idempotency_key: key.map(str::to_owned),
+                    to_id,
+                },
+                call.gone.clone(),
+            )
             .await?;
         let Some(me_id) = outcome.me_id else {
             return Err(self.authentication_error(creds).await);
@@ -312,32 +322,38 @@ impl Phone {
     }
 
     /// Polls once; with `wait`, and nothing to return, waits for mail to
-    /// arrive (a notification from any replica) or for the time to run out.
-    pub async fn inbox(&self, creds: &Credentials, req: InboxRequest) -> Result<Inbox, PhoneError> {
+    /// arrive (a notification from any replica) or for the time to run out,
+    /// which is never later than the request's deadline. Mail a poll took
+    /// for a caller that has gone meanwhile goes back to unread.
+    pub async fn inbox(
+        &self,
+        creds: &Credentials,
+        req: InboxRequest,
+        call: &Call,
+    ) -> Result<Inbox, PhoneError> {
+        // The wait counts from the call's arrival, not from its first look.
+        let mut deadline = tokio::time::Instant::now() + req.wait;
+        if let Some(request_deadline) = call.deadline {
+            deadline = deadline.min(request_deadline);
+        }
         self.check_address_block(&creds.client_address)?;
-        let (me_id, first) = match self
-            .poll(creds, req)
-            .await
-            .map_err(|e| taken_hint(e, req))?
-        {
+        let (me_id, first) = match self.poll(creds, req, call).await? {
             Some(polled) => polled,
             None => return Err(self.authentication_error(creds).await),
         };
-        if req.wait.is_zero() || !first.messages.is_empty() {
+        if req.wait.is_zero()
+            || !first.messages.is_empty()
+            || deadline <= tokio::time::Instant::now()
+        {
             return Ok(first);
         }
-        let deadline = tokio::time::Instant::now() + req.wait;
         let mut subscription = self.store.wakeup().subscribe(me_id);
         let waiter_id = self.add_waiter(me_id, req.wait).await?;
         let outcome = async {
             loop {
                 // The first round covers mail that arrived before the waiter
                 // row was visible to senders.
-                let latest = match self
-                    .poll(creds, req)
-                    .await
-                    .map_err(|e| taken_hint(e, req))?
-                {
+                let latest = match self.poll(creds, req, call).await? {
                     Some((_, polled)) => polled,
                     // Revoked while waiting.
                     None => return Err(self.authentication_error(creds).await),
@@ -358,11 +374,12 @@ impl Phone {
                     // One last look: a wake-up can be lost (a replica's
                     // listener reconnecting, a failed NOTIFY), mail cannot.
                     _ = tokio::time::sleep_until(deadline) => {
-                        return match self.poll(creds, req).await.map_err(|e| taken_hint(e, req))? {
+                        return match self.poll(creds, req, call).await? {
                             Some((_, last)) => Ok(last),
                             None => Err(self.authentication_error(creds).await),
                         };
                     }
+                    _ = call.gone.cancelled() => return Err(PhoneError::CallerGone),
                     _ = self.shutdown.cancelled() => return Ok(latest),
                 }
             }
@@ -395,12 +412,32 @@ impl Phone {
 
     /// One poll in one statement (one round trip), the caller verified
     /// inside it. `None` when the credentials were not accepted; otherwise
-    /// the caller's id and what the poll returned.
+    /// the caller's id and what the poll returned. What a read or a lease
+    /// took for a caller that has gone by the time it returns goes back.
     async fn poll(
         &self,
         creds: &Credentials,
         req: InboxRequest,
+        call: &Call,
     ) -> Result<Option<(i64, Inbox)>, PhoneError> {
+        let polled = self
+            .poll_once(creds, req, call)
+            .await
+            .map_err(|e| taken_hint(e, req))?;
+        let takes = matches!(req.mode, InboxMode::Read | InboxMode::Lease { .. });
+        if takes && call.gone.is_cancelled() && !polled.messages.is_empty() {
+            self.store.give_back(&polled).await;
+            return Err(PhoneError::CallerGone);
+        }
+        Ok(inbox(polled, req.mode))
+    }
+
+    async fn poll_once(
+        &self,
+        creds: &Credentials,
+        req: InboxRequest,
+        call: &Call,
+    ) -> Result<store::Polled, PhoneError> {
         let limit = i64::from(req.limit);
         let look = match req.mode {
             InboxMode::Lease { seconds } => Look::Lease { seconds },
@@ -408,19 +445,19 @@ impl Phone {
             InboxMode::History => Look::History,
             InboxMode::Read => {
                 // The hot path: together with the other calls in flight.
-                let polled = self
-                    .store
-                    .poll_read(QueuedPoll {
-                        token: creds.token.0,
-                        claimed: creds.claimed_name().map(str::to_owned),
-                        limit,
-                    })
-                    .await?;
-                return Ok(inbox(polled, req.mode));
+                let poll = QueuedPoll {
+                    token: creds.token.0,
+                    claimed: creds.claimed_name().map(str::to_owned),
+                    limit,
+                };
+                return Ok(self.store.poll_read(poll, call.gone.clone()).await?);
             }
         };
+        if call.gone.is_cancelled() {
+            return Err(PhoneError::CallerGone);
+        }
         let db = self.store.db().await?;
-        let polled = store::messages::look(
+        Ok(store::messages::look(
             &db,
             look,
             creds.token.as_bytes(),
@@ -428,8 +465,7 @@ impl Phone {
             limit,
             UNREAD_COUNT_CAP,
         )
-        .await?;
-        Ok(inbox(polled, req.mode))
+        .await?)
     }
 
     /// Acknowledges leased (or any received) messages: they will not come back.

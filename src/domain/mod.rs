@@ -51,12 +51,23 @@ pub enum PhoneError {
     },
     #[error("the mailbox is temporarily unavailable ({0}); retry in a few seconds")]
     Unavailable(String),
+    /// The caller left (disconnected, or its request timed out) before the
+    /// answer: nothing it would have been handed was consumed.
+    #[error("the request ended before its answer; nothing was taken")]
+    CallerGone,
     #[error("internal error; retry later")]
     Internal,
 }
 
 impl From<StoreError> for PhoneError {
     fn from(err: StoreError) -> Self {
+        if matches!(err, StoreError::CallerGone) {
+            return Self::CallerGone;
+        }
+        if matches!(err, StoreError::BatchLost) {
+            tracing::error!(error = %err, "database error");
+            return Self::Unavailable("the server lost track of this call".into());
+        }
         if err.is_unavailable() {
             tracing::warn!(error = %err, "database unavailable");
             Self::Unavailable(err.unavailable_reason())
@@ -81,6 +92,7 @@ impl PhoneError {
             Self::IdempotencyConflict(_) => "idempotency_conflict",
             Self::RateLimited { .. } => "rate_limited",
             Self::Unavailable(_) => "unavailable",
+            Self::CallerGone => "caller_gone",
             Self::Internal => "internal",
         }
     }
@@ -93,15 +105,28 @@ pub struct Phone {
     /// Cancelled at shutdown, so long polls return at once.
     shutdown: CancellationToken,
     limits: Arc<limits::Limits>,
+    /// The longest a phone_inbox call may wait for mail (seconds).
+    max_wait_secs: u32,
 }
 
 impl Phone {
-    pub fn new(store: Store, shutdown: CancellationToken, limits: limits::Limits) -> Self {
+    pub fn new(
+        store: Store,
+        shutdown: CancellationToken,
+        limits: limits::Limits,
+        max_wait_secs: u32,
+    ) -> Self {
         Self {
             store,
             shutdown,
             limits: Arc::new(limits),
+            max_wait_secs: max_wait_secs.min(messages::WAIT_SECONDS_MAX),
         }
+    }
+
+    /// The longest a phone_inbox call may wait for mail (seconds).
+    pub fn max_wait_secs(&self) -> u32 {
+        self.max_wait_secs
     }
 
     pub fn store(&self) -> &Store {
@@ -125,6 +150,18 @@ impl Credentials {
     fn claimed_name(&self) -> Option<&str> {
         self.claimed.as_ref().map(AgentName::as_str)
     }
+}
+
+/// The request a call arrives in: whether its caller can still hear the
+/// answer, and by when the answer must leave.
+#[derive(Debug, Clone, Default)]
+pub struct Call {
+    /// Cancelled when the caller can no longer hear the answer: it
+    /// disconnected, or its request timed out.
+    pub gone: CancellationToken,
+    /// When the answer must be on its way, a margin before the request
+    /// times out: long polls end by then. `None`: no limit but the wait's.
+    pub deadline: Option<tokio::time::Instant>,
 }
 
 /// An agent whose token was verified for this request.

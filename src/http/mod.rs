@@ -23,7 +23,10 @@ use tower_http::{
 
 pub use client_address::ClientAddressFrom;
 
-use crate::{domain::Phone, mcp::PhoneServer};
+use crate::{
+    domain::Phone,
+    mcp::{PhoneServer, RequestDeadline},
+};
 
 const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
 
@@ -37,6 +40,10 @@ pub struct Settings {
     pub allowed_origins: Vec<String>,
     pub max_body_bytes: usize,
     pub request_timeout: Duration,
+    /// How long after a request arrives its answer must be on its way: the
+    /// request timeout less time for a long poll's last look. Long polls
+    /// end by then, so they never outlive their request.
+    pub answer_within: Duration,
     /// Where the caller's address comes from, for rate limits.
     pub client_address_from: ClientAddressFrom,
 }
@@ -62,6 +69,7 @@ pub fn router(settings: &Settings, phone: Phone) -> Router {
 
     let max_body = settings.max_body_bytes;
     let address_from = settings.client_address_from.clone();
+    let answer_within = settings.answer_within;
     Router::new()
         .nest_service("/mcp", mcp)
         .layer(middleware::from_fn(move |req, next| {
@@ -70,6 +78,14 @@ pub fn router(settings: &Settings, phone: Phone) -> Router {
         .layer(middleware::from_fn(move |req, next| {
             client_address::attach(address_from.clone(), req, next)
         }))
+        // The deadline counts from the request's arrival, before any queue.
+        .layer(middleware::from_fn(
+            move |mut req: axum::extract::Request, next: middleware::Next| async move {
+                let deadline = tokio::time::Instant::now() + answer_within;
+                req.extensions_mut().insert(RequestDeadline(deadline));
+                next.run(req).await
+            },
+        ))
         .route("/health", get(health::health))
         // Claude Code probes OAuth discovery; a plain 404 tells it no auth flow exists.
         .route(

@@ -5,13 +5,32 @@
 use rmcp::service::{RequestContext, RoleServer};
 
 use super::args::Args;
-use crate::domain::{AgentName, Caller, Credentials, InvalidInput, Phone, PhoneError, Token};
+use crate::domain::{AgentName, Call, Caller, Credentials, InvalidInput, Phone, PhoneError, Token};
 
 /// The caller's network address as the HTTP layer determined it (behind a
 /// trusted proxy, from the proxy's header), for rate limits. Put into the
 /// request's extensions by the HTTP layer.
 #[derive(Debug, Clone)]
 pub struct ClientAddress(pub String);
+
+/// When the answer must be on its way (a margin before the request times
+/// out). Put into the request's extensions by the HTTP layer.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestDeadline(pub tokio::time::Instant);
+
+/// The request this call arrives in: rmcp cancels the context's token when
+/// the client disconnects or the request's future is dropped (the request
+/// timed out) before the answer, and the HTTP layer sets the deadline.
+pub(super) fn call(context: &RequestContext<RoleServer>) -> Call {
+    Call {
+        gone: context.ct.clone(),
+        deadline: context
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<RequestDeadline>())
+            .map(|d| d.0),
+    }
+}
 
 /// Identity comes from the token only: from the `token` argument or an
 /// `Authorization: Bearer` header. A `name`, when given, must match it.

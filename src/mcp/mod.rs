@@ -26,7 +26,7 @@ use crate::domain::search::{SEARCH_LIMIT_MAX, SearchRequest};
 use crate::domain::{MessageId, Phone, PhoneError};
 use crate::telemetry::metrics;
 use args::Args;
-pub use auth::ClientAddress;
+pub use auth::{ClientAddress, RequestDeadline};
 use errors::{success, tool_error};
 
 /// Built once; every request's handler is an `Arc` clone of it.
@@ -47,11 +47,8 @@ impl PhoneServer {
                     .with_title("phone: mailbox and address book for AI agents"),
             )
             .with_instructions(tools::INSTRUCTIONS);
-        Self(Arc::new(Surface {
-            phone,
-            tools: tools::definitions(),
-            info,
-        }))
+        let tools = tools::definitions(phone.max_wait_secs());
+        Self(Arc::new(Surface { phone, tools, info }))
     }
 
     pub fn tools(&self) -> &[Tool] {
@@ -189,7 +186,7 @@ impl PhoneServer {
                     args.str("idempotency_key")?,
                 )?;
                 let creds = auth::credentials(&args, context)?;
-                let sent = phone.send(&creds, req).await?;
+                let sent = phone.send(&creds, req, &auth::call(context)).await?;
                 auth::record_agent(&creds);
                 let delivered = Delivered {
                     sent: u64::from(!sent.replayed),
@@ -206,10 +203,11 @@ impl PhoneServer {
                     args.bool("include_read")?,
                     args.str("mode")?,
                     args.int("lease_seconds", 1, messages::LEASE_SECONDS_MAX)?,
-                    args.int("wait_seconds", 0, messages::WAIT_SECONDS_MAX)?,
+                    args.int("wait_seconds", 0, phone.max_wait_secs())?,
+                    phone.max_wait_secs(),
                 )?;
                 let creds = auth::credentials(&args, context)?;
-                let inbox = phone.inbox(&creds, req).await?;
+                let inbox = phone.inbox(&creds, req, &auth::call(context)).await?;
                 auth::record_agent(&creds);
                 let n = inbox.messages.len() as u64;
                 let read = match req.mode {

@@ -18,6 +18,9 @@ pub enum StoreError {
     /// (its task panicked or was aborted).
     #[error("the batch carrying this call ended without an answer")]
     BatchLost,
+    /// The caller went away before the statement began; nothing was done.
+    #[error("the caller went away before its statement began")]
+    CallerGone,
 }
 
 impl From<PoolError> for StoreError {

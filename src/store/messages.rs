@@ -267,6 +267,62 @@ pub async fn look(
     Ok(polled)
 }
 
+/// Puts messages a poll took back as they were, when their caller could not
+/// be handed them: `$1` recipient, `$2` ids, and what the poll left in each
+/// (`$3` read_at, `$4` leased_until, `$5` delivery_count). A message that
+/// changed since (acknowledged, taken again) is left alone. Returns the ids
+/// put back. Primary key.
+const GIVE_BACK: &str = "UPDATE messages m
+     SET read_at = NULL, leased_until = NULL, delivery_count = m.delivery_count - 1
+     FROM unnest($2::bigint[], $3::timestamptz[], $4::timestamptz[], $5::int[])
+          AS g(id, read_at, leased_until, delivery_count)
+     WHERE m.id = g.id AND m.recipient_id = $1 AND m.acked_at IS NULL
+       AND m.read_at IS NOT DISTINCT FROM g.read_at
+       AND m.leased_until IS NOT DISTINCT FROM g.leased_until
+       AND m.delivery_count = g.delivery_count
+     RETURNING m.id";
+
+/// Gives back what `polled` took (see [`GIVE_BACK`]); the ids put back.
+pub async fn give_back(db: &Client, polled: &Polled) -> Result<Vec<i64>, StoreError> {
+    let Some(recipient) = polled.me_id else {
+        return Ok(Vec::new());
+    };
+    let ids: Vec<i64> = polled.messages.iter().map(|m| m.id).collect();
+    let read_at: Vec<Option<DateTime<Utc>>> = polled.messages.iter().map(|m| m.read_at).collect();
+    let leased: Vec<Option<DateTime<Utc>>> =
+        polled.messages.iter().map(|m| m.leased_until).collect();
+    let count: Vec<i32> = polled.messages.iter().map(|m| m.delivery_count).collect();
+    let stmt = db.prepare_cached(GIVE_BACK).await?;
+    Ok(db
+        .query(&stmt, &[&recipient, &ids, &read_at, &leased, &count])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
+}
+
+/// [`give_back`] on a pooled connection, logging the outcome: ids only, so
+/// that an operator can find what stayed read (`include_read` shows it to
+/// its recipient too).
+pub async fn give_back_logged(pool: &super::Pool, polled: &Polled) {
+    let taken: Vec<i64> = polled.messages.iter().map(|m| m.id).collect();
+    let outcome = async { give_back(&pool.get().await?, polled).await }.await;
+    match outcome {
+        Ok(back) => tracing::info!(
+            recipient = polled.me_id,
+            put_back = back.len(),
+            taken = taken.len(),
+            "a poll's caller left before its answer; its messages are unread again"
+        ),
+        Err(e) => tracing::error!(
+            error = %e,
+            recipient = polled.me_id,
+            ids = ?taken,
+            "a poll's caller left and its messages could not be put back; they stay read"
+        ),
+    }
+}
+
 /// A long poll's row, so that sends to `$1` notify (see `batch::send`);
 /// also clears that agent's expired rows. `$2` seconds to live.
 const ADD_WAITER: &str = "WITH expired AS (

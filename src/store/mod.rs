@@ -109,14 +109,31 @@ impl Store {
 
     /// Stores one message, together with the other sends and read polls in
     /// flight on this replica (one statement, one commit).
-    pub async fn send(&self, send: QueuedSend) -> Result<SendOutcome, StoreError> {
-        self.mail.send(send).await
+    /// `gone`: cancelled when the caller can no longer hear the answer (a
+    /// send whose caller left before its statement began is not stored).
+    pub async fn send(
+        &self,
+        send: QueuedSend,
+        gone: CancellationToken,
+    ) -> Result<SendOutcome, StoreError> {
+        self.mail.send(send, gone).await
     }
 
     /// Takes the oldest unread messages of one inbox and marks them read,
     /// together with the other calls in flight.
-    pub async fn poll_read(&self, poll: QueuedPoll) -> Result<Polled, StoreError> {
-        self.mail.poll(poll).await
+    /// A poll whose caller left before its statement began takes nothing;
+    /// one whose request was dropped while it ran gives its messages back.
+    pub async fn poll_read(
+        &self,
+        poll: QueuedPoll,
+        gone: CancellationToken,
+    ) -> Result<Polled, StoreError> {
+        self.mail.poll(poll, gone).await
+    }
+
+    /// Puts back what a poll took, when its caller turned out to be gone.
+    pub async fn give_back(&self, polled: &Polled) {
+        messages::give_back_logged(&self.pool, polled).await;
     }
 
     /// Whether a pooled connection answers a trivial query within a second.

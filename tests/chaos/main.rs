@@ -370,6 +370,8 @@ async fn network_to_postgres_cut_and_restored() {
         &[
             ("PHONE_REQUEST_TIMEOUT_MS", "4000"),
             ("PHONE_STATEMENT_TIMEOUT_MS", "1000"),
+            // The workload waits at most 1 s; the longest wait must fit.
+            ("PHONE_MAX_WAIT_SECS", "1"),
         ],
     );
     let mut b = Replica::new("net-b-direct", &db, &[]);
@@ -700,6 +702,8 @@ async fn slow_clients_and_idle_connections() {
         &db,
         &[
             ("PHONE_REQUEST_TIMEOUT_MS", &request_timeout_ms.to_string()),
+            // The workload waits at most 1 s; the longest wait must fit.
+            ("PHONE_MAX_WAIT_SECS", "1"),
             // Ignored by a server without an idle/header timeout.
             ("PHONE_IDLE_TIMEOUT_SECS", &idle_timeout_secs.to_string()),
         ],

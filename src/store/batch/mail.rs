@@ -13,6 +13,7 @@ use super::{
 use crate::store::fragments::{SENDER_LOOKUP, message_columns, presence_write};
 use crate::store::messages::Polled;
 use crate::store::{Pool, StoreError};
+use tokio_util::sync::CancellationToken;
 
 /// One call of the mail statement.
 pub(crate) enum MailCall {
@@ -143,6 +144,19 @@ impl Write for MailWrite {
         Ok(done)
     }
 
+    /// A read poll whose caller left while its statement ran: its messages
+    /// go back to unread (off the request's path; nobody waits for it).
+    fn abandoned(&self, outcome: MailDone) {
+        if let MailDone::Polled(polled) = outcome
+            && !polled.messages.is_empty()
+        {
+            let pool = self.pool.clone();
+            tokio::spawn(async move {
+                crate::store::messages::give_back_logged(&pool, &polled).await;
+            });
+        }
+    }
+
     fn has_follow_up(&self) -> bool {
         !self.wakes.is_empty()
     }
@@ -169,15 +183,23 @@ impl Write for MailWrite {
 }
 
 impl super::Batcher<MailWrite> {
-    pub async fn send(&self, send: QueuedSend) -> Result<SendOutcome, StoreError> {
-        match self.run(MailCall::Send(send)).await? {
+    pub async fn send(
+        &self,
+        send: QueuedSend,
+        gone: CancellationToken,
+    ) -> Result<SendOutcome, StoreError> {
+        match self.run(MailCall::Send(send), gone).await? {
             MailDone::Sent(outcome) => Ok(outcome),
             MailDone::Polled(_) => Err(StoreError::BatchLost),
         }
     }
 
-    pub async fn poll(&self, poll: QueuedPoll) -> Result<Polled, StoreError> {
-        match self.run(MailCall::Poll(poll)).await? {
+    pub async fn poll(
+        &self,
+        poll: QueuedPoll,
+        gone: CancellationToken,
+    ) -> Result<Polled, StoreError> {
+        match self.run(MailCall::Poll(poll), gone).await? {
             MailDone::Polled(outcome) => Ok(outcome),
             MailDone::Sent(_) => Err(StoreError::BatchLost),
         }

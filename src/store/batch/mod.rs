@@ -20,9 +20,18 @@ use std::{
 };
 
 use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::StoreError;
+
+/// Locks a mutex even if a panic elsewhere poisoned it: the batcher's
+/// bookkeeping is kept consistent by guards, not by unwinding.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// Batches that may run at once on a replica (unless stuck, see
 /// [`STALLED_AFTER`]): the next batch forms while this one runs. Measured
@@ -65,6 +74,11 @@ pub(crate) trait Write: Send + Sync + 'static {
     fn follow_up(&self) -> impl Future<Output = ()> + Send {
         async {}
     }
+
+    /// An outcome nobody could be handed (its caller went away while its
+    /// statement ran): undo what can be undone (a read poll's messages go
+    /// back to unread).
+    fn abandoned(&self, _outcome: Self::Outcome) {}
 }
 
 /// Recipients of committed sends whose long polls are yet to be woken on
@@ -77,20 +91,17 @@ pub(crate) struct PendingWakes(Mutex<Vec<i64>>);
 impl PendingWakes {
     /// All pending recipients; the caller's statement now owns them.
     pub fn take(&self) -> Vec<i64> {
-        std::mem::take(&mut *self.0.lock().expect("pending wakes lock"))
+        std::mem::take(&mut *lock(&self.0))
     }
 
     /// Recipients whose statement failed (rolled back, nothing notified),
     /// or of sends just committed.
     pub fn add(&self, recipients: impl IntoIterator<Item = i64>) {
-        self.0
-            .lock()
-            .expect("pending wakes lock")
-            .extend(recipients);
+        lock(&self.0).extend(recipients);
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.lock().expect("pending wakes lock").is_empty()
+        lock(&self.0).is_empty()
     }
 }
 
@@ -107,6 +118,9 @@ struct Queued<W: Write> {
     number: u64,
     item: W::Item,
     reply: Reply<W>,
+    /// Cancelled when the caller can no longer hear the answer: a call
+    /// whose caller left before its batch began is dropped from it.
+    gone: CancellationToken,
     /// The caller's request: a batch runs (is traced, logs) under the
     /// request of its first call, so every line it logs has a trace id.
     span: tracing::Span,
@@ -169,16 +183,24 @@ impl<W: Write> Batcher<W> {
     }
 
     /// Does one call's work, alone or together with others in flight.
-    pub async fn run(&self, item: W::Item) -> Result<W::Outcome, StoreError> {
+    /// `gone` is cancelled when the caller can no longer hear the answer:
+    /// while the call is still queued it then leaves the queue, and a batch
+    /// that begins after that leaves it out.
+    pub async fn run(
+        &self,
+        item: W::Item,
+        gone: CancellationToken,
+    ) -> Result<W::Outcome, StoreError> {
         let (reply, mut outcome) = oneshot::channel();
         let (number, started_before, start) = {
-            let mut queue = self.queue.lock().expect("batch queue lock");
+            let mut queue = lock(&self.queue);
             queue.queued_total += 1;
             let number = queue.queued_total;
             queue.waiting.push_back(Queued {
                 number,
                 item,
                 reply,
+                gone: gone.clone(),
                 span: tracing::Span::current(),
             });
             // A lingering drain takes it at once; otherwise start one if allowed.
@@ -196,13 +218,14 @@ impl<W: Write> Batcher<W> {
             tokio::spawn(self.clone().drain());
         } else {
             self.queued.notify_one();
-            if let Ok(done) =
-                tokio::time::timeout(STALLED_AFTER.min(self.max_queue_wait), &mut outcome).await
-            {
-                return done.unwrap_or(Err(StoreError::BatchLost));
+            let stalled_after = STALLED_AFTER.min(self.max_queue_wait);
+            tokio::select! {
+                done = &mut outcome => return done.unwrap_or(Err(StoreError::BatchLost)),
+                _ = gone.cancelled() => return self.leave(number, &mut outcome, StoreError::CallerGone).await,
+                _ = tokio::time::sleep(stalled_after) => {}
             }
             let unstick = {
-                let mut queue = self.queue.lock().expect("batch queue lock");
+                let mut queue = lock(&self.queue);
                 let stuck = queue.batches_started == started_before
                     && queue.running < self.max_in_flight_stalled
                     && queue.waiting.iter().any(|q| q.number == number);
@@ -216,25 +239,48 @@ impl<W: Write> Batcher<W> {
             }
         }
         let left_to_wait = self.max_queue_wait.saturating_sub(queued_at.elapsed());
-        if let Ok(done) = tokio::time::timeout(left_to_wait, &mut outcome).await {
-            return done.unwrap_or(Err(StoreError::BatchLost));
+        tokio::select! {
+            done = &mut outcome => done.unwrap_or(Err(StoreError::BatchLost)),
+            _ = gone.cancelled() => self.leave(number, &mut outcome, StoreError::CallerGone).await,
+            _ = tokio::time::sleep(left_to_wait) => {
+                let busy = StoreError::Unavailable(super::POOL_BUSY.into());
+                self.leave(number, &mut outcome, busy).await
+            }
         }
-        // Still queued: leave, nothing was done. Taken into a batch: its
-        // statement runs, so wait for what it did.
+    }
+
+    /// Leaves the queue with `why` if the call is still queued (nothing was
+    /// done); a call already taken into a batch waits for what its statement
+    /// did.
+    async fn leave(
+        &self,
+        number: u64,
+        outcome: &mut oneshot::Receiver<Result<W::Outcome, StoreError>>,
+        why: StoreError,
+    ) -> Result<W::Outcome, StoreError> {
         let left = {
-            let mut queue = self.queue.lock().expect("batch queue lock");
+            let mut queue = lock(&self.queue);
             let before = queue.waiting.len();
             queue.waiting.retain(|q| q.number != number);
             queue.waiting.len() < before
         };
         if left {
-            return Err(StoreError::Unavailable(super::POOL_BUSY.into()));
+            return Err(why);
         }
         outcome.await.unwrap_or(Err(StoreError::BatchLost))
     }
 
     /// Writes batches until nobody waits.
     async fn drain(self) {
+        // Gives the drain's place back however it ends: a panic in a write
+        // or an aborted task must not leave the queue believing a batch
+        // still runs (every later call would wait out the stall delay, and
+        // with a small pool hear "busy").
+        let mut running = Running {
+            batcher: self.clone(),
+            lingering: false,
+            released: false,
+        };
         // The request the last batch ran under: its follow-up runs there too
         // (that request's trace then ends up to a linger and one statement
         // later than its answer; its logged lines keep their trace id).
@@ -242,7 +288,7 @@ impl<W: Write> Batcher<W> {
         let mut lingered = false;
         loop {
             let (batch, linger) = {
-                let mut queue = self.queue.lock().expect("batch queue lock");
+                let mut queue = lock(&self.queue);
                 let batch = take_batch::<W>(&mut queue.waiting);
                 if !batch.is_empty() {
                     queue.batches_started += 1;
@@ -250,8 +296,10 @@ impl<W: Write> Batcher<W> {
                 let linger = batch.is_empty() && !lingered && self.writer.has_follow_up();
                 if linger {
                     queue.lingering += 1;
+                    running.lingering = true;
                 } else if batch.is_empty() {
                     queue.running -= 1;
+                    running.released = true;
                 }
                 (batch, linger)
             };
@@ -261,7 +309,8 @@ impl<W: Write> Batcher<W> {
                     // comes within this and takes the work along.
                     lingered = true;
                     let _ = tokio::time::timeout(LINGER, self.queued.notified()).await;
-                    self.queue.lock().expect("batch queue lock").lingering -= 1;
+                    lock(&self.queue).lingering -= 1;
+                    running.lingering = false;
                     continue;
                 }
                 // Callers are answered; this only follows up their commits.
@@ -282,7 +331,11 @@ impl<W: Write> Batcher<W> {
         match self.writer.write(&items).await {
             Ok(outcomes) => {
                 for (reply, outcome) in replies.into_iter().zip(outcomes) {
-                    let _ = reply.send(Ok(outcome));
+                    // The caller's request was dropped while the statement
+                    // ran: nobody will read this outcome.
+                    if let Err(Ok(outcome)) = reply.send(Ok(outcome)) {
+                        self.writer.abandoned(outcome);
+                    }
                 }
             }
             // One call the database refuses must not fail the others: run
@@ -295,7 +348,9 @@ impl<W: Write> Batcher<W> {
                         .write(std::slice::from_ref(&item))
                         .await
                         .and_then(|mut one| one.pop().ok_or(StoreError::BatchLost));
-                    let _ = reply.send(outcome);
+                    if let Err(Ok(outcome)) = reply.send(outcome) {
+                        self.writer.abandoned(outcome);
+                    }
                 }
             }
             Err(e) if replies.len() == 1 => {
@@ -315,8 +370,46 @@ impl<W: Write> Batcher<W> {
     }
 }
 
+/// A drain's place among the running ones, given back when the drain ends,
+/// also by a panic or an abort (then a drain is started for whoever still
+/// waits).
+struct Running<W: Write> {
+    batcher: Batcher<W>,
+    /// Counted among the lingering drains right now.
+    lingering: bool,
+    /// Given back already, by the drain itself.
+    released: bool,
+}
+
+impl<W: Write> Drop for Running<W> {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        tracing::error!("a group-commit drain ended abnormally; its place is given back");
+        let restart = {
+            let mut queue = lock(&self.batcher.queue);
+            queue.running -= 1;
+            if self.lingering {
+                queue.lingering -= 1;
+            }
+            let restart = !queue.waiting.is_empty() && queue.running < MAX_IN_FLIGHT;
+            if restart {
+                queue.running += 1;
+            }
+            restart
+        };
+        if restart && let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(self.batcher.clone().drain());
+        } else if restart {
+            lock(&self.batcher.queue).running -= 1;
+        }
+    }
+}
+
 /// Up to [`MAX_BATCH`] calls from the front of the queue, in order; a call
-/// whose exclusive key is already in the batch waits for the next one.
+/// whose exclusive key is already in the batch waits for the next one, and
+/// a call whose caller has gone is answered and left out.
 fn take_batch<W: Write>(waiting: &mut VecDeque<Queued<W>>) -> Vec<Queued<W>> {
     let mut batch = Vec::with_capacity(waiting.len().min(MAX_BATCH));
     let mut keys = HashSet::new();
@@ -325,6 +418,11 @@ fn take_batch<W: Write>(waiting: &mut VecDeque<Queued<W>>) -> Vec<Queued<W>> {
         let Some(entry) = waiting.pop_front() else {
             break;
         };
+        // Its caller left before the statement began: nothing is done.
+        if entry.gone.is_cancelled() {
+            let _ = entry.reply.send(Err(StoreError::CallerGone));
+            continue;
+        }
         match W::exclusive_key(&entry.item) {
             Some(key) if !keys.insert(key) => deferred.push_back(entry),
             _ => batch.push(entry),
@@ -334,4 +432,73 @@ fn take_batch<W: Write>(waiting: &mut VecDeque<Queued<W>>) -> Vec<Queued<W>> {
     deferred.append(waiting);
     *waiting = deferred;
     batch
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+
+    /// Echoes its items; its first `panics` writes panic instead.
+    struct Flaky {
+        panics: AtomicUsize,
+    }
+
+    impl Write for Flaky {
+        type Item = u32;
+        type Outcome = u32;
+
+        async fn write(&self, items: &[u32]) -> Result<Vec<u32>, StoreError> {
+            let left = self.panics.load(Ordering::SeqCst);
+            if left > 0 {
+                self.panics.store(left - 1, Ordering::SeqCst);
+                panic!("a write that panics (this test's own)");
+            }
+            Ok(items.to_vec())
+        }
+    }
+
+    /// With a pool of two, one batch runs at a time even when stuck: a drain
+    /// that panicked and kept its place would leave every later call
+    /// waiting out the queue timeout ("busy").
+    #[tokio::test]
+    async fn a_drain_that_panics_gives_its_place_back() {
+        let batcher = Batcher::new(
+            Flaky {
+                panics: AtomicUsize::new(1),
+            },
+            Duration::from_secs(2),
+            2,
+        );
+        let first = batcher.run(1, CancellationToken::new()).await;
+        assert!(matches!(first, Err(StoreError::BatchLost)), "{first:?}");
+        let second = batcher.run(2, CancellationToken::new()).await;
+        assert_eq!(second.unwrap(), 2);
+        assert_eq!(
+            lock(&batcher.queue).running,
+            0,
+            "the drains' places are all back"
+        );
+    }
+
+    /// A call whose caller left while it was queued is answered at once and
+    /// never written.
+    #[tokio::test]
+    async fn a_call_whose_caller_left_is_never_written() {
+        let gone = CancellationToken::new();
+        gone.cancel();
+        let mut queue = VecDeque::new();
+        let (reply, answer) = oneshot::channel();
+        queue.push_back(Queued::<Flaky> {
+            number: 1,
+            item: 7,
+            reply,
+            gone,
+            span: tracing::Span::none(),
+        });
+        assert!(take_batch::<Flaky>(&mut queue).is_empty());
+        assert!(matches!(answer.await, Ok(Err(StoreError::CallerGone))));
+    }
 }
