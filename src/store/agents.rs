@@ -26,6 +26,14 @@ const INSERT_NEW: &str = "INSERT INTO agents (name, description, project, token_
      ON CONFLICT (name) WHERE unregistered_at IS NULL DO NOTHING
      RETURNING id";
 
+/// Serialises registering and unregistering one name (`$1`), for the rest
+/// of the transaction. Without it, a register whose snapshot predates an
+/// unregister's commit saw the name active (not reserved), then waited on
+/// the unregistering row's lock and, once it committed, inserted: the
+/// 30-day reservation skipped.
+const LOCK_NAME: &str = "SELECT pg_advisory_xact_lock(hashtextextended('phone:name:' || $1, 0))";
+
+/// Registers a new agent (see [`INSERT_NEW`]) under the name's lock.
 pub async fn insert_new(
     db: &Client,
     name: &str,
@@ -34,20 +42,25 @@ pub async fn insert_new(
     token_hash: &[u8],
     reservation_days: i32,
 ) -> Result<Option<i64>, StoreError> {
-    let stmt = db.prepare_cached(INSERT_NEW).await?;
-    let row = db
-        .query_opt(
-            &stmt,
-            &[
-                &name,
-                &description,
-                &project,
-                &token_hash,
-                &reservation_days,
-            ],
-        )
-        .await?;
-    Ok(row.map(|r| r.get("id")))
+    db.transaction(async |db| {
+        let lock = db.prepare_cached(LOCK_NAME).await?;
+        db.execute(&lock, &[&name]).await?;
+        let stmt = db.prepare_cached(INSERT_NEW).await?;
+        let row = db
+            .query_opt(
+                &stmt,
+                &[
+                    &name,
+                    &description,
+                    &project,
+                    &token_hash,
+                    &reservation_days,
+                ],
+            )
+            .await?;
+        Ok(row.map(|r| r.get("id")))
+    })
+    .await
 }
 
 /// Why a name is not free.
@@ -170,15 +183,28 @@ const UNREGISTER: &str = "UPDATE agents SET unregistered_at = now(), token_hash 
      WHERE id = $1 AND unregistered_at IS NULL
      RETURNING name, unregistered_at, unregistered_at + make_interval(days => $3) AS reserved_until";
 
+/// The name of agent `$1`. Primary key.
+const NAME_OF: &str = "SELECT name FROM agents WHERE id = $1";
+
+/// Unregisters (see [`UNREGISTER`]) under the name's lock.
 pub async fn unregister(
     db: &Client,
     id: i64,
     revoked_hash: &[u8],
     reservation_days: i32,
 ) -> Result<Option<Unregistered>, StoreError> {
-    let stmt = db.prepare_cached(UNREGISTER).await?;
     let row = db
-        .query_opt(&stmt, &[&id, &revoked_hash, &reservation_days])
+        .transaction(async |db| {
+            let name_of = db.prepare_cached(NAME_OF).await?;
+            let Some(name) = db.query_opt(&name_of, &[&id]).await? else {
+                return Ok(None);
+            };
+            let lock = db.prepare_cached(LOCK_NAME).await?;
+            db.execute(&lock, &[&name.get::<_, &str>("name")]).await?;
+            let stmt = db.prepare_cached(UNREGISTER).await?;
+            db.query_opt(&stmt, &[&id, &revoked_hash, &reservation_days])
+                .await
+        })
         .await?;
     Ok(row.map(|r| Unregistered {
         name: r.get("name"),

@@ -49,6 +49,8 @@ impl StoreError {
                             || c == "53300"
                             || c == "57014"
                             || c == "55P03"
+                            || c == "40001"
+                            || c == "40P01"
                     })
                     || e.as_db_error().is_none() && e.code().is_none()
             }
@@ -56,11 +58,19 @@ impl StoreError {
         }
     }
 
+    /// A deadlock or a serialization failure: the statement's transaction
+    /// was rolled back, and trying again may well succeed.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Self::Query(e)
+            if e.code().is_some_and(|c| c.code() == "40001" || c.code() == "40P01"))
+    }
+
     /// For an unavailable database: what a caller may be told (never the
     /// database's own text, which names hosts and users).
     pub fn unavailable_reason(&self) -> String {
         match self {
             Self::Unavailable(reason) => reason.clone(),
+            _ if self.is_conflict() => "the call conflicted with a concurrent one".into(),
             Self::Query(e)
                 if e.code()
                     .is_some_and(|c| c.code() == "57014" || c.code() == "55P03") =>

@@ -84,6 +84,7 @@ impl Store {
                 pool: pool.clone(),
                 cap: unread_cap,
                 wakes: batch::PendingWakes::default(),
+                wakeup: wakeup.clone(),
             },
             pool.wait_timeout(),
             pool.status().max_size,

@@ -32,6 +32,7 @@ impl Pool {
             object: Some(client?),
             deadline: self.1,
             stalled: Default::default(),
+            transaction: Default::default(),
         })
     }
 }
@@ -58,6 +59,9 @@ pub struct Client {
     object: Option<deadpool_postgres::Object>,
     deadline: Duration,
     stalled: std::sync::atomic::AtomicBool,
+    /// Inside `BEGIN` … `COMMIT`: a failed statement aborts the whole
+    /// transaction, so it is not retried alone.
+    transaction: std::sync::atomic::AtomicBool,
 }
 
 impl Deref for Client {
@@ -75,7 +79,9 @@ impl DerefMut for Client {
 
 impl Drop for Client {
     fn drop(&mut self) {
-        if *self.stalled.get_mut()
+        // A connection left inside a transaction (its future dropped
+        // between BEGIN and COMMIT) must not serve anyone else.
+        if (*self.stalled.get_mut() || *self.transaction.get_mut())
             && let Some(object) = self.object.take()
         {
             // Detached from the pool; dropping it closes the connection.
@@ -163,8 +169,10 @@ macro_rules! traced {
             tracing::Span::none()
         };
         let started = metrics::enabled().then(Instant::now);
-        let outcome = {
+        let mut attempts = 0;
+        let outcome = loop {
             use tracing::Instrument as _;
+            attempts += 1;
             let client: &tokio_postgres::Client = &$self;
             let call = async {
                 match $stmt.statement() {
@@ -172,7 +180,7 @@ macro_rules! traced {
                     StatementRef::Text(s) => client.$call(s, $params).await,
                 }
             };
-            match tokio::time::timeout($self.deadline, call.instrument(span.clone())).await {
+            let outcome = match tokio::time::timeout($self.deadline, call.instrument(span.clone())).await {
                 Ok(outcome) => outcome.map_err(StoreError::from),
                 Err(_) => {
                     $self
@@ -182,6 +190,15 @@ macro_rules! traced {
                         "the database did not answer in time".into(),
                     ))
                 }
+            };
+            // A statement of its own transaction that lost a deadlock or a
+            // serialization conflict was rolled back whole: running it again
+            // is safe, once (then the caller hears "retry").
+            match &outcome {
+                Err(e) if e.is_conflict() && attempts == 1 && !$self.in_transaction() => {
+                    tracing::debug!(error = %e, "statement conflicted with a concurrent one; retrying once");
+                }
+                _ => break outcome,
             }
         };
         if let Err(e) = &outcome {
@@ -201,6 +218,49 @@ macro_rules! traced {
 }
 
 impl Client {
+    fn in_transaction(&self) -> bool {
+        self.transaction.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Runs `work` between `BEGIN` and `COMMIT` (`ROLLBACK` when it fails).
+    /// Its statements are not retried one by one: a conflict fails the
+    /// transaction, which the caller hears as "retry".
+    pub async fn transaction<T, F>(&self, work: F) -> Result<T, StoreError>
+    where
+        F: AsyncFnOnce(&Client) -> Result<T, StoreError>,
+    {
+        self.simple("BEGIN").await?;
+        self.transaction
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let outcome = work(self).await;
+        let end = if outcome.is_ok() {
+            "COMMIT"
+        } else {
+            "ROLLBACK"
+        };
+        let ended = self.simple(end).await;
+        self.transaction
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        let value = outcome?;
+        ended?;
+        Ok(value)
+    }
+
+    /// A statement without parameters in one round trip (simple protocol),
+    /// under the same deadline as the others.
+    async fn simple(&self, sql: &str) -> Result<(), StoreError> {
+        match tokio::time::timeout(self.deadline, (**self).batch_execute(sql)).await {
+            Ok(done) => done.map_err(StoreError::from),
+            Err(_) => {
+                self.stalled
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                Err(StoreError::Unavailable(
+                    "the database did not answer in time".into(),
+                ))
+            }
+        }
+    }
+
     /// Prepares through deadpool's per-connection statement cache.
     pub async fn prepare_cached(&self, sql: &str) -> Result<Prepared, StoreError> {
         let statement =

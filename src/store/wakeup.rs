@@ -78,6 +78,12 @@ impl Wakeup {
             .sum()
     }
 
+    /// Wakes this replica's own waiters of `agent_id` (when a NOTIFY could
+    /// not go out: they look at once instead of at the end of their wait).
+    pub fn wake_here(&self, agent_id: i64) {
+        self.wake(agent_id);
+    }
+
     fn wake(&self, agent_id: i64) {
         if let Some((sender, _)) = self.agents.lock().expect("wakeup lock").get(&agent_id) {
             sender.send_modify(|n| *n += 1);

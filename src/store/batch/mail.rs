@@ -8,12 +8,16 @@
 use super::{
     PendingWakes, Write,
     poll::{POLLERS, QueuedPoll, polls},
-    send::{QueuedSend, SENDERS, SendOutcome, WAKE_SQL, sends, wake_sql},
+    send::{NOTIFY_SQL, QueuedSend, SENDERS, SendOutcome, WAKE_SQL, sends, waiting_among},
 };
 use crate::store::fragments::{SENDER_LOOKUP, message_columns, presence_write};
 use crate::store::messages::Polled;
-use crate::store::{Pool, StoreError};
+use std::sync::Arc;
+
 use tokio_util::sync::CancellationToken;
+
+use crate::store::wakeup::Wakeup;
+use crate::store::{Pool, StoreError};
 
 /// One call of the mail statement.
 pub(crate) enum MailCall {
@@ -32,9 +36,11 @@ pub(crate) struct MailWrite {
     pub pool: Pool,
     /// Bounds the unread count a poll reports.
     pub cap: i64,
-    /// Recipients of committed sends to wake: each statement takes them
-    /// along, as it begins after their commit.
+    /// Recipients of committed sends to wake: each statement checks which
+    /// of them wait, as it begins after their commit.
     pub wakes: PendingWakes,
+    /// This replica's waiters, woken here when a NOTIFY fails.
+    pub wakeup: Arc<Wakeup>,
 }
 
 impl Write for MailWrite {
@@ -120,12 +126,19 @@ impl Write for MailWrite {
             })
             .collect();
         let mut stored_for = Vec::new();
+        let mut to_notify = Vec::new();
         for row in &rows {
+            // Rows of neither kind name a waiting recipient to notify.
+            let Some(is_poll) = row.get::<_, Option<bool>>("is_poll") else {
+                if let Some(agent) = row.get::<_, Option<i64>>("recipient_id") {
+                    to_notify.push(agent);
+                }
+                continue;
+            };
             let ord: i64 = row.get("ord");
             let Ok(i) = usize::try_from(ord - 1) else {
                 continue;
             };
-            let is_poll: bool = row.get("is_poll");
             let at = if is_poll { &poll_at } else { &send_at };
             let Some(outcome) = at.get(i).and_then(|at| done.get_mut(*at)) else {
                 continue;
@@ -141,6 +154,12 @@ impl Write for MailWrite {
             }
         }
         self.wakes.add(stored_for);
+        if !to_notify.is_empty() {
+            // In a transaction of its own: a NOTIFY that fails (a full
+            // notification queue, say) fails only the wake-ups.
+            let (pool, wakeup) = (self.pool.clone(), self.wakeup.clone());
+            tokio::spawn(async move { notify(&pool, &wakeup, &to_notify).await });
+        }
         Ok(done)
     }
 
@@ -176,9 +195,32 @@ impl Write for MailWrite {
         }
         .await;
         if let Err(e) = outcome {
-            // The waiters' own timeout still ends their wait.
-            tracing::warn!(error = %e, "could not wake waiting pollers");
+            wake_failed(&self.wakeup, &to_wake, &e);
         }
+    }
+}
+
+/// Notifies every replica that mail for `agents` (who wait) arrived.
+async fn notify(pool: &Pool, wakeup: &Wakeup, agents: &[i64]) {
+    let outcome = async {
+        let client = pool.get().await?;
+        let stmt = client.prepare_cached(&NOTIFY_SQL).await?;
+        client.query(&stmt, &[&agents]).await?;
+        Ok::<_, StoreError>(())
+    }
+    .await;
+    if let Err(e) = outcome {
+        wake_failed(wakeup, agents, &e);
+    }
+}
+
+/// Wake-ups that could not go out: this replica's own waiters of `agents`
+/// look at once; the others look again when their wait ends (mail stays
+/// where it is; only the wake-up is late).
+fn wake_failed(wakeup: &Wakeup, agents: &[i64], e: &StoreError) {
+    tracing::warn!(error = %e, agents = agents.len(), "could not wake waiting pollers");
+    for agent in agents {
+        wakeup.wake_here(*agent);
     }
 }
 
@@ -209,26 +251,28 @@ impl super::Batcher<MailWrite> {
 /// The mail statement, built once. `$1`-`$9` the sends (see `sends`),
 /// `$10` token digests, `$11` claimed names, `$12` limits of the polls
 /// (arrays, one element per call), `$13` the unread count's cap, `$14`
-/// recipients of committed sends to wake (the one-time filter on `preq`
-/// runs it whatever the calls find, even when no token matches). The arrays
+/// recipients of committed sends to wake: which of them wait comes back as
+/// rows with a NULL `is_poll` (the one-time filter on `preq` runs the check
+/// whatever the calls find, even when no token matches); the NOTIFY itself
+/// runs in a statement of its own, so that it cannot fail the mail. The arrays
 /// are wrapped in sub-selects so that no plan knows their length: with it,
 /// every custom plan looked cheaper than the generic one and the statement
 /// was planned again on every execution (~0.7 ms each, pg_stat_statements
 /// in `make bench`). One row per send, and per poll one per message taken
 /// (or one without a message), in message order.
 static MAIL_BATCH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    let wake = wake_sql("$14");
+    let woken = waiting_among("$14");
     let polls = polls();
     let sends = sends();
     let touch = presence_write(&format!("{SENDERS} UNION ALL {POLLERS}"));
     let columns = message_columns("me.name");
     format!(
-        "WITH woken AS ({wake}),
+        "WITH woken AS ({woken}),
          {sends},
          preq AS (
              SELECT * FROM unnest((SELECT $10::bytea[]), (SELECT $11::text[]), (SELECT $12::bigint[]))
                  WITH ORDINALITY AS r(token, claimed, lim, ord)
-             WHERE (SELECT n FROM woken) IS NOT NULL),
+             WHERE (SELECT ids FROM woken) IS NOT NULL),
          {polls},
          touched AS ({touch})
          SELECT true AS is_poll, me.ord, me.id AS me_id, {columns},
@@ -244,6 +288,10 @@ static MAIL_BATCH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
          FROM resolved rs
          LEFT JOIN numbered n ON n.ord = rs.ord
          LEFT JOIN inserted i ON i.id = n.id
+         UNION ALL
+         SELECT NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                NULL, NULL, NULL, NULL, NULL, NULL, w.agent_id
+         FROM woken CROSS JOIN unnest(woken.ids) AS w(agent_id)
          ORDER BY is_poll, ord, id"
     )
 });

@@ -59,9 +59,10 @@ impl SendOutcome {
     }
 }
 
-/// Wakes the long polls of the given recipients: a NOTIFY where one
-/// waits (its `inbox_waiters` row), nothing otherwise, so sends nobody
-/// waits for pay no NOTIFY (NOTIFY serialises commits).
+/// Which of the given recipients (`recipients`, an SQL expression for a
+/// bigint[]) wait in a long poll now (their `inbox_waiters` row), as one
+/// array `ids`: only those get a NOTIFY, so sends nobody waits for pay
+/// none (NOTIFY serialises commits).
 ///
 /// Why after the commit, in a later statement: a long poll registers its
 /// row, then looks for mail; a send inserts, then looks for waiters. Were
@@ -70,19 +71,31 @@ impl SendOutcome {
 /// be seen by neither side, and the poll would sleep through its mail
 /// (the wake phase of `make bench` caught 9 of 160). A statement that
 /// begins after the send's commit sees every row committed before the
-/// poll looked.
-pub(crate) fn wake_sql(recipients: &str) -> String {
+/// poll looked. Index: `inbox_waiters_agent_idx`.
+pub(super) fn waiting_among(recipients: &str) -> String {
     format!(
-        "SELECT count(pg_notify('{CHANNEL}', r.agent_id::text)) AS n
-         FROM (SELECT DISTINCT agent_id FROM unnest((SELECT {recipients}::bigint[])) AS u(agent_id)) r
-         WHERE EXISTS (SELECT 1 FROM inbox_waiters w
-                       WHERE w.agent_id = r.agent_id AND w.expires_at > now())"
+        "SELECT ARRAY(
+             SELECT r.agent_id
+             FROM (SELECT DISTINCT agent_id FROM unnest((SELECT {recipients}::bigint[])) AS u(agent_id)) r
+             WHERE EXISTS (SELECT 1 FROM inbox_waiters w
+                           WHERE w.agent_id = r.agent_id AND w.expires_at > now())) AS ids"
     )
 }
 
-/// The wake-ups alone, when no batch follows: `$1` recipients.
-pub(super) static WAKE_SQL: std::sync::LazyLock<String> =
-    std::sync::LazyLock::new(|| wake_sql("$1"));
+/// The wake-ups alone, when no batch follows: `$1` recipients; notifies
+/// those that wait.
+pub(super) static WAKE_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT count(pg_notify('{CHANNEL}', a::text)) AS n
+         FROM ({}) w CROSS JOIN unnest(w.ids) AS a",
+        waiting_among("$1")
+    )
+});
+
+/// NOTIFY for `$1`, agents known to wait.
+pub(super) static NOTIFY_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!("SELECT count(pg_notify('{CHANNEL}', a::text)) AS n FROM unnest($1::bigint[]) AS a")
+});
 
 /// The sends' CTEs of the mail statement. Arrays, one element per send:
 /// `$1` token digests, `$2` claimed names, `$3` recipient names, `$4`
