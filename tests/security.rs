@@ -195,3 +195,36 @@ async fn no_tool_lets_one_agent_act_as_another() {
     assert_eq!(found["agents"][0]["description"], "B");
     app.stop().await;
 }
+
+/// `/health` is public: it says which dependency is down, never the
+/// database's own error text (here it would name the database).
+#[tokio::test]
+async fn health_names_the_dependency_not_its_error_text() {
+    let app = spawn_app().await;
+    let name = app.database_url.rsplit('/').next().unwrap().to_owned();
+    let admin = connect(&admin_url()).await;
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE {name} ALLOW_CONNECTIONS false;
+             SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}';"
+        ))
+        .await
+        .unwrap();
+    let health = reqwest::get(app.url("/health")).await.unwrap();
+    assert_eq!(health.status(), 503);
+    let body = health.text().await.unwrap();
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(json["status"], "unavailable", "{body}");
+    assert_eq!(json["database"], "unreachable", "{body}");
+    // Fixed words only: no field carries an error's text.
+    let keys: Vec<&String> = json.as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["database", "notifications", "status"], "{body}");
+    for secret in [name.as_str(), "postgres", "127.0.0.1", "error"] {
+        assert!(!body.contains(secret), "/health told '{secret}': {body}");
+    }
+    admin
+        .batch_execute(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS true"))
+        .await
+        .unwrap();
+    app.stop().await;
+}

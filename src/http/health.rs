@@ -1,4 +1,6 @@
 //! `GET /health`: 200 while this replica reaches PostgreSQL, 503 otherwise.
+//! It says which dependency is down and how, never the error's own text
+//! (which names hosts, users and databases) — that goes to the log.
 
 use std::time::Duration;
 
@@ -7,26 +9,41 @@ use serde_json::json;
 
 use crate::{domain::Phone, store::StoreError};
 
-/// 200 when Postgres answers within a second, 503 otherwise.
+/// 200 when PostgreSQL answers within a second, 503 otherwise. Also shows
+/// whether mail notifications arrive (`notifications`): while they do not,
+/// long polls re-check on their own, so the replica stays in rotation.
 pub(super) async fn health(State(phone): State<Phone>) -> impl IntoResponse {
-    match tokio::time::timeout(Duration::from_secs(1), phone.store().ping()).await {
-        Ok(Ok(())) => (
-            StatusCode::OK,
-            Json(json!({"status": "ok", "database": "ok"})),
-        ),
-        outcome => {
-            // An exhausted pool is a busy replica, not a database outage:
-            // both take the replica out of rotation, but say which it is.
-            let (reason, database) = match outcome {
-                Ok(Err(StoreError::Unavailable(reason))) => (reason, "busy"),
-                Ok(Err(e)) => (e.to_string(), "unreachable"),
-                Ok(Ok(())) | Err(_) => ("timed out".into(), "unreachable"),
-            };
-            tracing::warn!(%reason, "health check failed");
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                Json(json!({"status": "unavailable", "database": database, "reason": reason})),
-            )
+    let notifications = if phone.store().wakeup().is_listening() {
+        "listening"
+    } else {
+        "reconnecting"
+    };
+    let database = match tokio::time::timeout(Duration::from_secs(1), phone.store().ping()).await {
+        Ok(Ok(())) => "ok",
+        // An exhausted pool is a busy replica, not a database outage: both
+        // take the replica out of rotation, but say which it is.
+        Ok(Err(StoreError::Unavailable(reason))) if reason == crate::store::POOL_BUSY => "busy",
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "health check: database unreachable");
+            "unreachable"
         }
-    }
+        Err(_) => {
+            tracing::warn!("health check: the database did not answer within 1 s");
+            "timed_out"
+        }
+    };
+    let status = if database == "ok" {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let overall = if database == "ok" {
+        "ok"
+    } else {
+        "unavailable"
+    };
+    (
+        status,
+        Json(json!({"status": overall, "database": database, "notifications": notifications})),
+    )
 }

@@ -97,48 +97,23 @@ impl Wakeup {
     }
 
     /// Keeps a LISTEN connection open until `stop`, reconnecting with
-    /// backoff. After a reconnect every local waiter re-checks its inbox,
-    /// since notifications sent meanwhile were lost.
+    /// backoff. The connection has the pool's TCP keepalive and user
+    /// timeout, and answers a heartbeat every [`HEARTBEAT`] within
+    /// [`HEARTBEAT_TIMEOUT`]: a path that went silent is noticed within
+    /// seconds, not when the kernel gives up. While it is down, every local
+    /// waiter re-checks on its own timer; after a reconnect every local
+    /// waiter re-checks at once, since notifications sent meanwhile were lost.
     pub async fn listen(self: Arc<Self>, config: tokio_postgres::Config, stop: CancellationToken) {
         let mut backoff = Duration::from_millis(200);
         loop {
-            let attempt = async {
-                let (client, mut connection) = config.connect(NoTls).await?;
-                let mut messages = stream::poll_fn(move |cx| connection.poll_message(cx));
-                let statement = format!("LISTEN {CHANNEL}");
-                {
-                    let listen = client.batch_execute(&statement);
-                    // The connection must be driven for LISTEN to complete.
-                    tokio::pin!(listen);
-                    loop {
-                        tokio::select! {
-                            done = &mut listen => { done?; break; }
-                            msg = messages.next() => match msg {
-                                Some(Ok(_)) => {}
-                                Some(Err(e)) => return Err(e),
-                                None => return Ok(()),
-                            }
-                        }
-                    }
-                }
-                self.listening.store(true, Ordering::Relaxed);
-                self.wake_all();
-                tracing::debug!("listening for mail notifications");
-                while let Some(msg) = messages.next().await {
-                    if let AsyncMessage::Notification(n) = msg?
-                        && let Ok(agent_id) = n.payload().parse::<i64>()
-                    {
-                        self.wake(agent_id);
-                    }
-                }
-                drop(client);
-                Ok::<(), tokio_postgres::Error>(())
-            };
             let outcome = tokio::select! {
-                outcome = attempt => outcome,
+                outcome = self.listen_once(&config) => outcome,
                 _ = stop.cancelled() => return,
             };
             let was_listening = self.listening.swap(false, Ordering::Relaxed);
+            // Waiters sleeping through their whole wait look again now, and
+            // then re-check on the fallback timer.
+            self.wake_all();
             match outcome {
                 Err(e) => {
                     tracing::warn!(error = %e, "mail notification listener lost; reconnecting")
@@ -155,6 +130,83 @@ impl Wakeup {
             backoff = (backoff * 2).min(Duration::from_secs(5));
         }
     }
+
+    /// One LISTEN connection, until it fails or closes.
+    async fn listen_once(&self, config: &tokio_postgres::Config) -> Result<(), ListenError> {
+        let (client, mut connection) = config.connect(NoTls).await?;
+        let mut messages = stream::poll_fn(move |cx| connection.poll_message(cx));
+        // The connection is driven by `messages`: every statement on it
+        // completes only while they are polled too.
+        let statement = format!("LISTEN {CHANNEL}");
+        self.drive(&mut messages, client.batch_execute(&statement), None)
+            .await?;
+        self.listening.store(true, Ordering::Relaxed);
+        self.wake_all();
+        tracing::debug!("listening for mail notifications");
+        let mut heartbeat = tokio::time::interval(HEARTBEAT);
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        heartbeat.tick().await;
+        loop {
+            tokio::select! {
+                msg = messages.next() => match msg {
+                    Some(msg) => self.deliver(msg?),
+                    None => return Ok(()),
+                },
+                _ = heartbeat.tick() => {
+                    self.drive(&mut messages, client.simple_query("SELECT 1"), Some(HEARTBEAT_TIMEOUT))
+                        .await?;
+                }
+            }
+        }
+    }
+
+    /// Runs `statement` on the LISTEN connection while delivering what
+    /// arrives meanwhile; fails when it takes longer than `within`.
+    async fn drive<T>(
+        &self,
+        messages: &mut (
+                 impl futures_util::Stream<Item = Result<AsyncMessage, tokio_postgres::Error>> + Unpin
+             ),
+        statement: impl Future<Output = Result<T, tokio_postgres::Error>>,
+        within: Option<Duration>,
+    ) -> Result<(), ListenError> {
+        tokio::pin!(statement);
+        let deadline = tokio::time::sleep(within.unwrap_or(Duration::from_secs(86_400)));
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                done = &mut statement => return done.map(drop).map_err(ListenError::from),
+                msg = messages.next() => match msg {
+                    Some(msg) => self.deliver(msg?),
+                    None => return Err(ListenError::Closed),
+                },
+                _ = &mut deadline => return Err(ListenError::Silent),
+            }
+        }
+    }
+
+    fn deliver(&self, msg: AsyncMessage) {
+        if let AsyncMessage::Notification(n) = msg
+            && let Ok(agent_id) = n.payload().parse::<i64>()
+        {
+            self.wake(agent_id);
+        }
+    }
+}
+
+/// How often the LISTEN connection proves it is alive, and how long its
+/// answer may take: a silent path is noticed within about 5 s.
+const HEARTBEAT: Duration = Duration::from_secs(3);
+const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[derive(Debug, thiserror::Error)]
+enum ListenError {
+    #[error(transparent)]
+    Database(#[from] tokio_postgres::Error),
+    #[error("the connection closed")]
+    Closed,
+    #[error("no answer to the heartbeat within {HEARTBEAT_TIMEOUT:?}")]
+    Silent,
 }
 
 impl crate::telemetry::metrics::Waiters for Wakeup {

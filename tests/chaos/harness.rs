@@ -297,6 +297,25 @@ pub async fn health(base: &str) -> Option<u16> {
         .map(|r| r.status().as_u16())
 }
 
+/// Whether the replica's LISTEN connection is up, as /health reports it
+/// (`notifications`: "listening" or "reconnecting"); None when unreachable.
+pub async fn listening(base: &str) -> Option<bool> {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(3))
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .ok()?;
+    let body: serde_json::Value = client
+        .get(format!("{base}/health"))
+        .send()
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()?;
+    Some(body["notifications"].as_str()? == "listening")
+}
+
 // ---------------------------------------------------------------------------
 // A TCP proxy between one replica and PostgreSQL.
 

@@ -428,16 +428,48 @@ async fn network_to_postgres_cut_and_restored() {
 
     tokio::time::sleep(Duration::from_secs(4)).await;
     let mut phases = Vec::new();
+    let mut listener_lost_after = None;
     for (link, cut) in [(Link::Refuse, refuse_for), (Link::Blackhole, blackhole_for)] {
         let t_cut = load.now();
         proxy.set(link);
+        // A silent path: how soon does A notice its LISTEN connection is
+        // dead (heartbeat), so that its waiters re-check on their own?
+        let watch = (link == Link::Blackhole).then(|| {
+            let (base, started) = (a.base(), Instant::now());
+            tokio::spawn(async move {
+                for _ in 0..200 {
+                    if harness::listening(&base).await == Some(false) {
+                        return Some(started.elapsed().as_secs_f64());
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                None
+            })
+        });
         tokio::time::sleep(Duration::from_secs_f64(cut)).await;
+        if let Some(watch) = watch {
+            watch.abort();
+            listener_lost_after = watch.await.ok().flatten();
+        }
         let t_restore = load.now();
         proxy.set(Link::Up);
         println!("link {link:?} cut {t_cut:.2}..{t_restore:.2}");
         phases.push((link, cut, t_cut, t_restore));
         tokio::time::sleep(Duration::from_secs(6)).await;
     }
+    println!("blackhole: A's LISTEN connection noticed dead after {listener_lost_after:?} s");
+    // A guarantee, not a finding: without the heartbeat the kernel's
+    // keepalive (10 s idle + 3 × 2 s) notices only after the 10 s cut.
+    assert!(
+        listener_lost_after.is_some_and(|t| t < 8.0),
+        "network cut (blackhole): A's LISTEN connection was noticed dead after {listener_lost_after:?} s \
+         (heartbeat every 3 s, 2 s to answer)"
+    );
+    let listener_back = a_listening_again(&a.base()).await;
+    assert!(
+        listener_back,
+        "A's LISTEN connection did not come back after the link was restored"
+    );
     let faults_end = load.now();
     probe_stop.store(true, Ordering::SeqCst);
     let load = run.finish(Duration::from_secs(60)).await;
@@ -529,14 +561,26 @@ async fn network_to_postgres_cut_and_restored() {
         config.describe(2, faults_end, verdict.acknowledged),
         &verdict,
         format!(
-            "{}; longest stretch with no acknowledged send {gap:.2} s",
-            recoveries.join("; ")
+            "{}; longest stretch with no acknowledged send {gap:.2} s; blackhole: LISTEN noticed dead after {}",
+            recoveries.join("; "),
+            listener_lost_after.map_or("never".into(), |t| format!("{t:.1} s"))
         ),
         notes.join("; "),
     ));
     assert_guarantees("network cut", &load, &verdict, &[&a, &b]);
     a.stop(Duration::from_secs(5)).await;
     b.stop(Duration::from_secs(5)).await;
+}
+
+/// Waits (up to 15 s) until the replica's LISTEN connection is up again.
+async fn a_listening_again(base: &str) -> bool {
+    for _ in 0..75 {
+        if harness::listening(base).await == Some(true) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    false
 }
 
 // ---------------------------------------------------------------------------
