@@ -4,7 +4,10 @@
 
 use std::{net::IpAddr, time::Duration};
 
-use crate::{domain::messages::WAIT_SECONDS_MAX, http, store};
+use crate::{
+    domain::messages::{MAX_DELIVERIES_DEFAULT, MAX_DELIVERIES_MAX, MailRules, WAIT_SECONDS_MAX},
+    http, store,
+};
 
 pub use crate::telemetry::LogFormat;
 
@@ -39,8 +42,8 @@ pub struct Config {
     pub auth_failure_limit: u32,
     /// New registrations allowed per client address per hour (0: unlimited).
     pub register_limit: u32,
-    /// The longest a phone_inbox call may wait for mail.
-    pub max_wait_secs: u32,
+    /// Mail settings: the longest wait, how often a lease goes out.
+    pub mail: MailRules,
 }
 
 impl Config {
@@ -186,7 +189,19 @@ impl Config {
             log_format,
             auth_failure_limit: parse(&get, "PHONE_AUTH_FAILURE_LIMIT", 20)?,
             register_limit: parse(&get, "PHONE_REGISTER_LIMIT", 60)?,
-            max_wait_secs,
+            mail: MailRules {
+                max_wait_secs,
+                max_deliveries: bounded(
+                    parse(
+                        &get,
+                        "PHONE_MAX_DELIVERIES",
+                        MAX_DELIVERIES_DEFAULT as usize,
+                    )?,
+                    "PHONE_MAX_DELIVERIES",
+                    1,
+                    MAX_DELIVERIES_MAX as usize,
+                )? as u32,
+            },
         })
     }
 }
@@ -305,7 +320,7 @@ mod tests {
             ("PHONE_MAX_WAIT_SECS", "18"),
         ])
         .unwrap();
-        assert_eq!(fits.max_wait_secs, 18);
+        assert_eq!(fits.mail.max_wait_secs, 18);
         assert_eq!(fits.http.answer_within, Duration::from_secs(18));
     }
 }

@@ -41,7 +41,7 @@ impl Application {
         let stopping = CancellationToken::new();
         let store = Store::open(&config.store, UNREAD_COUNT_CAP, stopping.clone())?;
         let limits = Limits::new(config.auth_failure_limit, config.register_limit);
-        let phone = Phone::new(store, stopping.clone(), limits, config.max_wait_secs);
+        let phone = Phone::new(store, stopping.clone(), limits, config.mail);
         let addr = SocketAddr::new(config.bind_address, config.port);
         let listener = TcpListener::bind(addr)
             .await

@@ -225,6 +225,146 @@ async fn leased_messages_come_back_unless_acknowledged() {
     app.stop().await;
 }
 
+/// Ends every lease now, as if `lease_seconds` had passed.
+async fn expire_leases(app: &TestApp) {
+    app.db()
+        .await
+        .batch_execute("UPDATE messages SET leased_until = now() - interval '1 second' WHERE leased_until IS NOT NULL")
+        .await
+        .unwrap();
+}
+
+/// A worker whose lease ended may not acknowledge a message that went to
+/// another worker since: its receipt is for a delivery that is over.
+#[tokio::test]
+async fn a_stale_receipt_is_refused_and_the_current_one_acknowledges() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let a = register(&c, "alice", "A", "p").await;
+    let b = register(&c, "bob", "B", "p").await;
+    let sent = ok(
+        &c,
+        "phone_send",
+        a.with(json!({"to": "bob", "body": "job"})),
+    )
+    .await;
+    let lease = |limit: u32| b.with(json!({"mode": "lease", "limit": limit}));
+
+    let first = ok(&c, "phone_inbox", lease(1)).await;
+    let old_receipt = first["messages"][0]["receipt"].as_str().unwrap().to_owned();
+    assert!(old_receipt.starts_with("rcpt_"), "{first}");
+    let text = text(&call(&c, "phone_inbox", b.with(json!({"include_read": true}))).await);
+    assert!(!text.contains("rcpt_"), "history shows no receipt: {text}");
+    expire_leases(&app).await;
+    let second = ok(&c, "phone_inbox", lease(1)).await;
+    assert_eq!(second["messages"][0]["id"], sent["id"]);
+    let new_receipt = second["messages"][0]["receipt"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_ne!(new_receipt, old_receipt);
+
+    // The first worker comes back late.
+    let err = tool_err(&c, "phone_ack", b.with(json!({"ids": [old_receipt]}))).await;
+    assert!(
+        err.contains("handed to another worker") && err.contains(sent["id"].as_str().unwrap()),
+        "{err}"
+    );
+    let state = ok(&c, "phone_outbox", a.with(json!({}))).await;
+    assert_eq!(
+        state["messages"][0]["state"], "leased",
+        "the stale ack changed nothing"
+    );
+    // The current holder's receipt works; acknowledging again is harmless.
+    let acked = ok(
+        &c,
+        "phone_ack",
+        b.with(json!({"ids": [new_receipt.clone()]})),
+    )
+    .await;
+    assert_eq!(acked["acknowledged"], json!([sent["id"]]));
+    let again = ok(&c, "phone_ack", b.with(json!({"ids": [new_receipt]}))).await;
+    assert_eq!(again["acknowledged"], json!([sent["id"]]));
+    // Receipts are the recipient's alone, and must be receipts.
+    let stranger = ok(
+        &c,
+        "phone_ack",
+        a.with(json!({"ids": [old_receipt_of(&first)]})),
+    )
+    .await;
+    assert_eq!(stranger["not_found"], json!([sent["id"]]), "{stranger}");
+    let forged = tool_err(&c, "phone_ack", b.with(json!({"ids": ["rcpt_xyz"]}))).await;
+    assert!(forged.contains("is not a receipt"), "{forged}");
+    app.stop().await;
+}
+
+fn old_receipt_of(out: &Value) -> String {
+    out["messages"][0]["receipt"].as_str().unwrap().to_owned()
+}
+
+/// A message that keeps failing stops coming back after `max_deliveries`
+/// leases: dead to its sender and in its recipient's history, never deleted,
+/// and no poll of either mode hands it out again.
+#[tokio::test]
+async fn a_message_leased_too_often_dies_and_stays() {
+    let app = spawn_app_with(&[("PHONE_MAX_DELIVERIES", "3")]).await;
+    let c = app.client().await;
+    let a = register(&c, "alice", "A", "p").await;
+    let b = register(&c, "bob", "B", "p").await;
+    let poison = ok(
+        &c,
+        "phone_send",
+        a.with(json!({"to": "bob", "body": "poison"})),
+    )
+    .await;
+    let lease = b.with(json!({"mode": "lease"}));
+    for delivery in 1..=3 {
+        let got = ok(&c, "phone_inbox", lease.clone()).await;
+        assert_eq!(got["messages"][0]["delivery_count"], delivery, "{got}");
+        expire_leases(&app).await;
+    }
+    let after = ok(&c, "phone_inbox", lease.clone()).await;
+    assert_eq!(after["messages"], json!([]), "{after}");
+    assert_eq!(after["unread_remaining"], 0);
+    let read = ok(&c, "phone_inbox", b.with(json!({}))).await;
+    assert_eq!(
+        read["messages"],
+        json!([]),
+        "a dead message is not read either"
+    );
+
+    let outbox = ok(&c, "phone_outbox", a.with(json!({}))).await;
+    assert_eq!(outbox["messages"][0]["id"], poison["id"]);
+    assert_eq!(outbox["messages"][0]["state"], "dead", "{outbox}");
+    let history = call(&c, "phone_inbox", b.with(json!({"include_read": true}))).await;
+    let out = history.structured_content.clone().unwrap();
+    assert!(out["messages"][0]["dead_at"].is_string(), "{out}");
+    assert!(text(&history).contains("dead"), "{}", text(&history));
+    assert_eq!(
+        app.count("SELECT count(*) FROM messages").await,
+        1,
+        "never deleted"
+    );
+
+    // Per poll, a lower bound: a fresh message dies after one lease.
+    ok(
+        &c,
+        "phone_send",
+        a.with(json!({"to": "bob", "body": "fragile"})),
+    )
+    .await;
+    let once = b.with(json!({"mode": "lease", "max_deliveries": 1}));
+    assert_eq!(
+        ok(&c, "phone_inbox", once.clone()).await["messages"][0]["body"],
+        "fragile"
+    );
+    expire_leases(&app).await;
+    assert_eq!(ok(&c, "phone_inbox", once).await["messages"], json!([]));
+    let err = tool_err(&c, "phone_inbox", b.with(json!({"max_deliveries": 2}))).await;
+    assert!(err.contains("only applies with mode"), "{err}");
+    app.stop().await;
+}
+
 #[tokio::test]
 async fn concurrent_lease_holders_on_two_replicas_never_share_a_message() {
     let one = spawn_app().await;

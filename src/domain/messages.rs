@@ -6,9 +6,12 @@ use std::time::Duration;
 use base64::Engine as _;
 use chrono::{DateTime, Utc};
 
-use super::types::{self, AgentName, IdempotencyKey, InvalidInput, MessageId};
+use super::types::{self, AgentName, IdempotencyKey, InvalidInput, MessageId, Receipt};
 use super::{Call, Caller, Credentials, Phone, PhoneError};
-use crate::store::{self, QueuedPoll, QueuedSend, messages::Look};
+use crate::store::{
+    self, QueuedPoll, QueuedSend,
+    messages::{AckOutcome, Look},
+};
 
 pub use crate::store::rows::{Delivery, Message, Sent as OutboxEntry};
 
@@ -69,6 +72,9 @@ pub const UNREAD_COUNT_CAP: i64 = 100;
 pub const WAIT_SECONDS_MAX: u32 = 25;
 pub const LEASE_SECONDS_DEFAULT: u32 = 300;
 pub const LEASE_SECONDS_MAX: u32 = 3600;
+/// How often a message is leased out before it dies, by default.
+pub const MAX_DELIVERIES_DEFAULT: u32 = 10;
+pub const MAX_DELIVERIES_MAX: u32 = 1000;
 pub const ACK_IDS_MAX: usize = 100;
 pub const LIST_LIMIT_MAX: u32 = 100;
 
@@ -76,12 +82,44 @@ pub const LIST_LIMIT_MAX: u32 = 100;
 pub enum InboxMode {
     /// Marks what it returns as read, in the poll's transaction.
     Read,
-    /// Hands out messages for `lease_seconds`; they come back unless acknowledged.
-    Lease { seconds: u32 },
+    /// Hands out messages for `seconds`; they come back unless acknowledged,
+    /// at most `max_deliveries` times in all.
+    Lease { seconds: u32, max_deliveries: u32 },
     /// Shows the next unread messages without changing anything.
     Peek,
     /// The most recent messages, read or not, newest first; changes nothing.
     History,
+}
+
+/// phone_inbox's arguments as given (types checked, values not yet).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct InboxArgs<'a> {
+    pub limit: Option<u32>,
+    pub peek: bool,
+    pub include_read: bool,
+    pub mode: Option<&'a str>,
+    pub lease_seconds: Option<u32>,
+    pub max_deliveries: Option<u32>,
+    pub wait_seconds: Option<u32>,
+}
+
+/// This server's settings for mail.
+#[derive(Debug, Clone, Copy)]
+pub struct MailRules {
+    /// The longest a phone_inbox call may wait for mail (seconds).
+    pub max_wait_secs: u32,
+    /// How often a message is leased out, at most, before it dies (unless
+    /// a poll asks for another number).
+    pub max_deliveries: u32,
+}
+
+impl Default for MailRules {
+    fn default() -> Self {
+        Self {
+            max_wait_secs: WAIT_SECONDS_MAX,
+            max_deliveries: MAX_DELIVERIES_DEFAULT,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -92,15 +130,17 @@ pub struct InboxRequest {
 }
 
 impl InboxRequest {
-    pub fn parse(
-        limit: Option<u32>,
-        peek: bool,
-        include_read: bool,
-        mode: Option<&str>,
-        lease_seconds: Option<u32>,
-        wait_seconds: Option<u32>,
-        max_wait: u32,
-    ) -> Result<Self, InvalidInput> {
+    pub fn parse(raw: InboxArgs<'_>, rules: &MailRules) -> Result<Self, InvalidInput> {
+        let InboxArgs {
+            limit,
+            peek,
+            include_read,
+            mode,
+            lease_seconds,
+            max_deliveries,
+            wait_seconds,
+        } = raw;
+        let max_wait = rules.max_wait_secs;
         let limit = limit.unwrap_or(10);
         if !(1..=INBOX_LIMIT_MAX).contains(&limit) {
             return Err(InvalidInput::new(
@@ -118,15 +158,18 @@ impl InboxRequest {
                 ));
             }
         };
-        if lease_seconds.is_some() && !lease {
-            return Err(InvalidInput::new(
-                "lease_seconds",
-                "only applies with mode \"lease\"",
-            ));
+        for (given, field) in [
+            (lease_seconds.is_some(), "lease_seconds"),
+            (max_deliveries.is_some(), "max_deliveries"),
+        ] {
+            if given && !lease {
+                return Err(InvalidInput::new(field, "only applies with mode \"lease\""));
+            }
         }
         let mode = match (lease, peek, include_read) {
             (true, false, false) => InboxMode::Lease {
                 seconds: lease_seconds.unwrap_or(LEASE_SECONDS_DEFAULT),
+                max_deliveries: max_deliveries.unwrap_or(rules.max_deliveries),
             },
             (true, _, _) => {
                 return Err(InvalidInput::new(
@@ -440,7 +483,13 @@ impl Phone {
     ) -> Result<store::Polled, PhoneError> {
         let limit = i64::from(req.limit);
         let look = match req.mode {
-            InboxMode::Lease { seconds } => Look::Lease { seconds },
+            InboxMode::Lease {
+                seconds,
+                max_deliveries,
+            } => Look::Lease {
+                seconds,
+                max_deliveries,
+            },
             InboxMode::Peek => Look::Peek,
             InboxMode::History => Look::History,
             InboxMode::Read => {
@@ -468,19 +517,34 @@ impl Phone {
         .await?)
     }
 
-    /// Acknowledges leased (or any received) messages: they will not come back.
-    pub async fn ack(&self, me: &Caller, ids: &[MessageId]) -> Result<Acked, PhoneError> {
+    /// Acknowledges leased (or any received) messages: they will not come
+    /// back. A receipt acknowledges only the delivery it came with: when the
+    /// message was handed to another worker since, it is refused.
+    pub async fn ack(&self, me: &Caller, refs: &[AckRef]) -> Result<Acked, PhoneError> {
         let db = self.store.db().await?;
-        let raw: Vec<i64> = ids.iter().map(|m| m.0).collect();
-        let done: std::collections::HashSet<i64> = store::messages::ack(&db, me.id, &raw)
-            .await?
-            .into_iter()
-            .collect();
-        let (acknowledged, not_found) = ids.iter().partition(|m| done.contains(&m.0));
-        Ok(Acked {
-            acknowledged,
-            not_found,
-        })
+        let wanted: Vec<(i64, Option<i32>)> =
+            refs.iter().map(|r| (r.message().0, r.delivery())).collect();
+        let outcomes = store::messages::ack(&db, me.id, &wanted).await?;
+        let mut acked = Acked {
+            acknowledged: Vec::new(),
+            not_found: Vec::new(),
+        };
+        let mut stale = Vec::new();
+        for (r, outcome) in refs.iter().zip(outcomes) {
+            match outcome {
+                AckOutcome::Acknowledged => acked.acknowledged.push(r.message()),
+                AckOutcome::NotFound => acked.not_found.push(r.message()),
+                AckOutcome::Stale { current } => stale.push((r.clone(), current)),
+            }
+        }
+        if stale.is_empty() {
+            Ok(acked)
+        } else {
+            Err(PhoneError::StaleReceipts {
+                acknowledged: acked.acknowledged,
+                stale,
+            })
+        }
     }
 
     /// What the caller sent, newest first, with each message's state.
@@ -566,12 +630,36 @@ fn taken_hint(err: PhoneError, req: InboxRequest) -> PhoneError {
     }
 }
 
-/// Parses the `ids` of phone_ack.
-pub fn parse_ack_ids(raw: &[&str]) -> Result<Vec<MessageId>, InvalidInput> {
+/// What phone_ack is given for one message: its id (acknowledges whatever
+/// delivery is current) or the receipt of one delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AckRef {
+    Id(MessageId),
+    Receipt(Receipt),
+}
+
+impl AckRef {
+    pub fn message(&self) -> MessageId {
+        match self {
+            Self::Id(id) => *id,
+            Self::Receipt(r) => r.message,
+        }
+    }
+
+    fn delivery(&self) -> Option<i32> {
+        match self {
+            Self::Id(_) => None,
+            Self::Receipt(r) => Some(r.delivery),
+        }
+    }
+}
+
+/// Parses the `ids` of phone_ack: message ids or receipts.
+pub fn parse_ack_ids(raw: &[&str]) -> Result<Vec<AckRef>, InvalidInput> {
     if raw.is_empty() {
         return Err(InvalidInput::new(
             "ids",
-            "must list at least one message id",
+            "must list at least one message id or receipt",
         ));
     }
     if raw.len() > ACK_IDS_MAX {
@@ -583,5 +671,13 @@ pub fn parse_ack_ids(raw: &[&str]) -> Result<Vec<MessageId>, InvalidInput> {
             ),
         ));
     }
-    raw.iter().map(|id| MessageId::parse("ids", id)).collect()
+    raw.iter()
+        .map(|id| {
+            if id.trim().starts_with(Receipt::PREFIX) {
+                Receipt::parse("ids", id).map(AckRef::Receipt)
+            } else {
+                MessageId::parse("ids", id).map(AckRef::Id)
+            }
+        })
+        .collect()
 }

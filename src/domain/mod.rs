@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-pub use types::{AgentName, IdempotencyKey, InvalidInput, MessageId, Token, TokenHash};
+pub use types::{AgentName, IdempotencyKey, InvalidInput, MessageId, Receipt, Token, TokenHash};
 
 use crate::store::{Store, StoreError};
 
@@ -51,6 +51,13 @@ pub enum PhoneError {
     },
     #[error("the mailbox is temporarily unavailable ({0}); retry in a few seconds")]
     Unavailable(String),
+    /// Some receipts were for deliveries that are over: the message went to
+    /// another worker after the lease ended. The others were acknowledged.
+    #[error("{}", stale_receipts(acknowledged, stale))]
+    StaleReceipts {
+        acknowledged: Vec<MessageId>,
+        stale: Vec<(messages::AckRef, i32)>,
+    },
     /// The caller left (disconnected, or its request timed out) before the
     /// answer: nothing it would have been handed was consumed.
     #[error("the request ended before its answer; nothing was taken")]
@@ -78,6 +85,30 @@ impl From<StoreError> for PhoneError {
     }
 }
 
+fn stale_receipts(acknowledged: &[MessageId], stale: &[(messages::AckRef, i32)]) -> String {
+    let refused: Vec<String> = stale
+        .iter()
+        .map(|(r, current)| match r {
+            messages::AckRef::Receipt(receipt) => format!(
+                "{} (receipt of delivery {}; it is on delivery {current} now)",
+                receipt.message, receipt.delivery
+            ),
+            messages::AckRef::Id(id) => id.to_string(),
+        })
+        .collect();
+    let done = if acknowledged.is_empty() {
+        "nothing else to acknowledge".to_owned()
+    } else {
+        let ids: Vec<String> = acknowledged.iter().map(ToString::to_string).collect();
+        format!("acknowledged {}", ids.join(", "))
+    };
+    format!(
+        "not acknowledged: {}: your lease ended and the message was handed to another worker, \
+         which will acknowledge it; do not act on it again ({done})",
+        refused.join(", ")
+    )
+}
+
 impl PhoneError {
     /// A short machine-readable kind, for logs, traces and metrics.
     pub fn kind(&self) -> &'static str {
@@ -93,6 +124,7 @@ impl PhoneError {
             Self::RateLimited { .. } => "rate_limited",
             Self::Unavailable(_) => "unavailable",
             Self::CallerGone => "caller_gone",
+            Self::StaleReceipts { .. } => "stale_receipt",
             Self::Internal => "internal",
         }
     }
@@ -105,8 +137,7 @@ pub struct Phone {
     /// Cancelled at shutdown, so long polls return at once.
     shutdown: CancellationToken,
     limits: Arc<limits::Limits>,
-    /// The longest a phone_inbox call may wait for mail (seconds).
-    max_wait_secs: u32,
+    mail_rules: messages::MailRules,
 }
 
 impl Phone {
@@ -114,19 +145,19 @@ impl Phone {
         store: Store,
         shutdown: CancellationToken,
         limits: limits::Limits,
-        max_wait_secs: u32,
+        mail_rules: messages::MailRules,
     ) -> Self {
         Self {
             store,
             shutdown,
             limits: Arc::new(limits),
-            max_wait_secs: max_wait_secs.min(messages::WAIT_SECONDS_MAX),
+            mail_rules,
         }
     }
 
-    /// The longest a phone_inbox call may wait for mail (seconds).
-    pub fn max_wait_secs(&self) -> u32 {
-        self.max_wait_secs
+    /// This server's settings for mail (longest wait, deliveries of a lease).
+    pub fn mail_rules(&self) -> &messages::MailRules {
+        &self.mail_rules
     }
 
     pub fn store(&self) -> &Store {

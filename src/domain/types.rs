@@ -255,6 +255,60 @@ impl fmt::Display for MessageId {
     }
 }
 
+/// The receipt of one lease delivery: the message, and which of its
+/// deliveries (its delivery count when handed out). Opaque to the agent:
+/// `rcpt_` + base64url of `<id>.<delivery>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Receipt {
+    pub message: MessageId,
+    pub delivery: i32,
+}
+
+impl Receipt {
+    pub const PREFIX: &'static str = "rcpt_";
+
+    pub fn parse(field: &'static str, raw: &str) -> Result<Self, InvalidInput> {
+        let invalid = || {
+            InvalidInput::new(
+                field,
+                format!(
+                    "{:?} is not a receipt; receipts look like rcpt_… and come with each message phone_inbox mode=lease hands out",
+                    raw.chars().take(80).collect::<String>()
+                ),
+            )
+        };
+        let encoded = raw.trim().strip_prefix(Self::PREFIX).ok_or_else(invalid)?;
+        let decoded = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(encoded)
+            .ok()
+            .and_then(|b| String::from_utf8(b).ok())
+            .ok_or_else(invalid)?;
+        let (id, delivery) = decoded.split_once('.').ok_or_else(invalid)?;
+        let id = id
+            .parse::<i64>()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(invalid)?;
+        let delivery = delivery
+            .parse::<i32>()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(invalid)?;
+        Ok(Self {
+            message: MessageId(id),
+            delivery,
+        })
+    }
+}
+
+impl fmt::Display for Receipt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let encoded = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(format!("{}.{}", self.message.0, self.delivery));
+        write!(f, "{}{encoded}", Self::PREFIX)
+    }
+}
+
 /// A client-chosen key that makes a send safe to retry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IdempotencyKey(String);
@@ -335,6 +389,27 @@ mod tests {
             "msg_99999999999999999999",
         ] {
             assert!(MessageId::parse("reply_to", bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn receipts_round_trip_and_reject_forgeries() {
+        let r = Receipt {
+            message: MessageId(42),
+            delivery: 3,
+        };
+        let text = r.to_string();
+        assert!(text.starts_with("rcpt_"), "{text}");
+        assert_eq!(Receipt::parse("ids", &text).unwrap(), r);
+        for bad in [
+            "rcpt_",
+            "rcpt_!!",
+            "msg_42",
+            "rcpt_NDI",
+            "rcpt_MC4x",
+            "rcpt_NDIuMA",
+        ] {
+            assert!(Receipt::parse("ids", bad).is_err(), "{bad}");
         }
     }
 

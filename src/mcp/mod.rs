@@ -21,7 +21,7 @@ use rmcp::{ErrorData as McpError, ServerHandler};
 use tracing::Instrument;
 
 use crate::domain::agents::RegisterRequest;
-use crate::domain::messages::{self, InboxMode, InboxRequest, SendRequest};
+use crate::domain::messages::{self, InboxArgs, InboxMode, InboxRequest, SendRequest};
 use crate::domain::search::{SEARCH_LIMIT_MAX, SearchRequest};
 use crate::domain::{MessageId, Phone, PhoneError};
 use crate::telemetry::metrics;
@@ -47,7 +47,7 @@ impl PhoneServer {
                     .with_title("phone: mailbox and address book for AI agents"),
             )
             .with_instructions(tools::INSTRUCTIONS);
-        let tools = tools::definitions(phone.max_wait_secs());
+        let tools = tools::definitions(phone.mail_rules());
         Self(Arc::new(Surface { phone, tools, info }))
     }
 
@@ -197,14 +197,22 @@ impl PhoneServer {
             }
             tools::INBOX => {
                 let args = Args::new(tool, arguments, tools::INBOX_ARGS)?;
+                let rules = phone.mail_rules();
                 let req = InboxRequest::parse(
-                    args.int("limit", 1, messages::INBOX_LIMIT_MAX)?,
-                    args.bool("peek")?,
-                    args.bool("include_read")?,
-                    args.str("mode")?,
-                    args.int("lease_seconds", 1, messages::LEASE_SECONDS_MAX)?,
-                    args.int("wait_seconds", 0, phone.max_wait_secs())?,
-                    phone.max_wait_secs(),
+                    InboxArgs {
+                        limit: args.int("limit", 1, messages::INBOX_LIMIT_MAX)?,
+                        peek: args.bool("peek")?,
+                        include_read: args.bool("include_read")?,
+                        mode: args.str("mode")?,
+                        lease_seconds: args.int("lease_seconds", 1, messages::LEASE_SECONDS_MAX)?,
+                        max_deliveries: args.int(
+                            "max_deliveries",
+                            1,
+                            messages::MAX_DELIVERIES_MAX,
+                        )?,
+                        wait_seconds: args.int("wait_seconds", 0, rules.max_wait_secs)?,
+                    },
+                    rules,
                 )?;
                 let creds = auth::credentials(&args, context)?;
                 let inbox = phone.inbox(&creds, req, &auth::call(context)).await?;

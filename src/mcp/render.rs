@@ -93,6 +93,16 @@ fn messages(out: &mut String, list: &[Message]) {
                 m.delivery_count
             );
         }
+        if let Some(receipt) = &m.receipt {
+            let _ = write!(out, ", receipt {receipt}");
+        }
+        if m.dead_at.is_some() {
+            let _ = write!(
+                out,
+                ", dead (leased {} times, never acknowledged)",
+                m.delivery_count
+            );
+        }
         out.push('\n');
         if let Some(subject) = &m.subject {
             let _ = writeln!(out, "Subject: {subject}");

@@ -7,6 +7,8 @@ use rmcp::handler::server::common::schema_for_output;
 use rmcp::model::{JsonObject, Tool, ToolAnnotations};
 use serde_json::{Map, Value, json};
 
+use crate::domain::messages::MailRules;
+
 use super::wire::{
     Acked, Inbox, Outbox, Registration, Rotated, SearchResult, Sent, Thread, Unregistered,
 };
@@ -55,6 +57,7 @@ pub const INBOX_ARGS: &[&str] = &[
     "include_read",
     "mode",
     "lease_seconds",
+    "max_deliveries",
     "wait_seconds",
 ];
 pub const ACK_ARGS: &[&str] = &["name", "token", "ids"];
@@ -95,7 +98,8 @@ fn object(auth: bool, properties: Value, required: &[&str]) -> Arc<JsonObject> {
 }
 
 /// Built once at startup and shared by every request.
-pub fn definitions(max_wait_secs: u32) -> Vec<Tool> {
+pub fn definitions(rules: &MailRules) -> Vec<Tool> {
+    let max_wait_secs = rules.max_wait_secs;
     vec![
         Tool::new(
             REGISTER,
@@ -151,7 +155,7 @@ pub fn definitions(max_wait_secs: u32) -> Vec<Tool> {
         Tool::new(
             INBOX,
             "Get your unread messages, oldest first, marking them read. \
-             mode=lease hands them out for lease_seconds instead: confirm with phone_ack or they come back.",
+             mode=lease hands them out for lease_seconds instead: phone_ack their receipts or they come back.",
             object(
                 true,
                 json!({
@@ -159,6 +163,7 @@ pub fn definitions(max_wait_secs: u32) -> Vec<Tool> {
                     "wait_seconds": integer(0, max_wait_secs, "If nothing is unread, wait this long for mail"),
                     "mode": {"type": "string", "enum": ["read", "lease"], "description": "Default read"},
                     "lease_seconds": integer(1, 3600, "Lease length (default 300)"),
+                    "max_deliveries": integer(1, 1000, &format!("Leases before a message dies (default {})", rules.max_deliveries)),
                     "peek": boolean("Show without marking read"),
                     "include_read": boolean("Recent messages, read or not, newest first"),
                 }),
@@ -172,7 +177,7 @@ pub fn definitions(max_wait_secs: u32) -> Vec<Tool> {
             "Acknowledge messages you leased (mode=lease) once handled, so they do not come back.",
             object(
                 true,
-                json!({"ids": {"type": "array", "items": {"type": "string"}, "description": "Message ids"}}),
+                json!({"ids": {"type": "array", "items": {"type": "string"}, "description": "Receipts (rcpt_…) or message ids"}}),
                 &["ids"],
             ),
         )

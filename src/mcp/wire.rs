@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use crate::domain::{
-    MessageId, agents,
+    MessageId, Receipt, agents,
     messages::{self as mail, Message as DomainMessage, OutboxEntry as DomainOutboxEntry},
     search::{AgentCard as DomainCard, SearchResult as DomainSearchResult},
     types::timestamp,
@@ -149,6 +149,12 @@ pub struct Message {
     /// In lease mode: when the message comes back unless acknowledged.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lease_expires_at: Option<String>,
+    /// In lease mode: pass it to phone_ack once handled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub receipt: Option<String>,
+    /// Leased too often without an acknowledgement: it stopped coming back.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dead_at: Option<String>,
 }
 
 impl From<DomainMessage> for Message {
@@ -166,6 +172,14 @@ impl From<DomainMessage> for Message {
             read_at: m.read_at.map(timestamp),
             delivery_count: m.delivery_count,
             lease_expires_at: m.leased_until.map(timestamp),
+            receipt: m.leased_until.map(|_| {
+                Receipt {
+                    message: MessageId(m.id),
+                    delivery: m.delivery_count,
+                }
+                .to_string()
+            }),
+            dead_at: m.dead_at.map(timestamp),
         }
     }
 }
@@ -212,7 +226,7 @@ pub struct OutboxEntry {
     pub body: String,
     pub reply_to: Option<String>,
     pub thread_id: String,
-    /// waiting, leased, read or acknowledged.
+    /// waiting, leased, read, acknowledged or dead.
     pub state: String,
     pub sent_at: String,
     pub read_at: Option<String>,

@@ -140,8 +140,9 @@ pub async fn by_idempotency_key(
 /// A poll that runs on its own (read polls are batched).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Look {
-    /// Hands the oldest available messages out for this many seconds.
-    Lease { seconds: u32 },
+    /// Hands the oldest available messages out for `seconds`; one already
+    /// leased `max_deliveries` times dies instead.
+    Lease { seconds: u32, max_deliveries: u32 },
     /// The oldest available messages, changing nothing.
     Peek,
     /// The most recent messages, read or not, newest first; changes nothing.
@@ -160,7 +161,8 @@ fn count_waiting(limit: &str) -> String {
 }
 
 /// The statements of [`Look`]. `$1` token digest, `$2` claimed name, `$3`
-/// limit, `$4` count cap, `$5` lease seconds (lease only). One row per
+/// limit, `$4` count cap, `$5` lease seconds and `$6` max deliveries (lease
+/// only). One row per
 /// message (or one without), each with `me_id` and `waiting`. Indexes:
 /// `messages_unread_idx` (available mail), `messages_inbox_cover_idx`
 /// (history, as a key range).
@@ -202,20 +204,27 @@ fn look_sql(look: Look) -> String {
         // Locks the oldest available messages and updates them in one
         // statement; SKIP LOCKED lets concurrent pollers of one inbox, on
         // any replica, take disjoint messages.
+        // A message handed out `$6` times already dies instead of going
+        // out again: it stays (dead_at), and stops coming back.
         Look::Lease { .. } => format!(
             "WITH {me},
              picked AS (
-                 SELECT p.id FROM me CROSS JOIN LATERAL (
-                     SELECT m.id FROM messages m WHERE {available}
+                 SELECT p.id, p.delivery_count FROM me CROSS JOIN LATERAL (
+                     SELECT m.id, m.delivery_count FROM messages m WHERE {available}
                      ORDER BY {INBOX_ORDER} LIMIT $3 FOR UPDATE SKIP LOCKED) p),
              taken AS (
                  UPDATE messages m
                  SET leased_until = now() + make_interval(secs => $5),
                      delivery_count = m.delivery_count + 1
-                 WHERE m.id = ANY (ARRAY(SELECT id FROM picked))
+                 WHERE m.id = ANY (ARRAY(SELECT id FROM picked WHERE delivery_count < $6))
                  RETURNING {POLLED_FIELDS}),
+             buried AS (
+                 UPDATE messages m SET dead_at = now(), leased_until = NULL
+                 WHERE m.id = ANY (ARRAY(SELECT id FROM picked WHERE delivery_count >= $6))
+                 RETURNING m.id),
              waiting AS ({waiting})
-             SELECT me.id AS me_id, {columns}, waiting.n AS waiting
+             SELECT me.id AS me_id, {columns},
+                    waiting.n - (SELECT count(*) FROM buried) AS waiting
              FROM me CROSS JOIN waiting
              LEFT JOIN taken m ON true
              {SENDER_LOOKUP}
@@ -227,7 +236,10 @@ fn look_sql(look: Look) -> String {
 
 static LOOK_SQL: LazyLock<[String; 3]> = LazyLock::new(|| {
     [
-        look_sql(Look::Lease { seconds: 0 }),
+        look_sql(Look::Lease {
+            seconds: 0,
+            max_deliveries: 0,
+        }),
         look_sql(Look::Peek),
         look_sql(Look::History),
     ]
@@ -250,10 +262,17 @@ pub async fn look(
     };
     let stmt = db.prepare_cached(sql).await?;
     let rows = match look {
-        Look::Lease { seconds } => {
+        Look::Lease {
+            seconds,
+            max_deliveries,
+        } => {
             let seconds = f64::from(seconds);
-            db.query(&stmt, &[&token_hash, &claimed, &limit, &cap, &seconds])
-                .await?
+            let max = i32::try_from(max_deliveries).unwrap_or(i32::MAX);
+            db.query(
+                &stmt,
+                &[&token_hash, &claimed, &limit, &cap, &seconds, &max],
+            )
+            .await?
         }
         Look::Peek | Look::History => {
             db.query(&stmt, &[&token_hash, &claimed, &limit, &cap])
@@ -342,25 +361,64 @@ pub async fn remove_waiter(db: &Client, waiter_id: i64) -> Result<(), StoreError
     db.execute(&stmt, &[&waiter_id]).await.map(drop)
 }
 
-/// Acknowledges messages `$2` addressed to `$1`; returns the ids among
-/// them that are acknowledged now (also those acknowledged before).
-/// Primary key.
-const ACK: &str = "WITH acked AS (
-         UPDATE messages
-         SET acked_at = now(), read_at = coalesce(read_at, now()), leased_until = NULL
-         WHERE recipient_id = $1 AND id = ANY($2) AND acked_at IS NULL
-         RETURNING id)
-     SELECT id FROM acked
-     UNION
-     SELECT id FROM messages WHERE recipient_id = $1 AND id = ANY($2) AND acked_at IS NOT NULL";
+/// Acknowledges messages addressed to `$1`: `$2` ids and `$3` the
+/// delivery each acknowledgement is for (a receipt's; NULL for a plain id,
+/// which acknowledges whatever delivery is current). One row per request
+/// (in order): whether it is acknowledged now (also before), and the
+/// message's delivery when it is not (`current`, NULL when no such
+/// message). Primary key.
+const ACK: &str = "WITH req AS (
+         SELECT * FROM unnest($2::bigint[], $3::int[]) WITH ORDINALITY AS r(id, delivery, ord)),
+     acked AS (
+         UPDATE messages m
+         SET acked_at = now(), read_at = coalesce(m.read_at, now()), leased_until = NULL
+         FROM req r
+         WHERE m.id = r.id AND m.recipient_id = $1 AND m.acked_at IS NULL
+           AND (r.delivery IS NULL OR m.delivery_count = r.delivery)
+         RETURNING m.id)
+     SELECT r.ord, m.id IS NOT NULL AS found,
+            (m.acked_at IS NOT NULL OR r.id IN (SELECT id FROM acked)) AS acknowledged,
+            m.delivery_count AS current
+     FROM req r
+     LEFT JOIN messages m ON m.id = r.id AND m.recipient_id = $1
+     ORDER BY r.ord";
 
-pub async fn ack(db: &Client, recipient_id: i64, ids: &[i64]) -> Result<Vec<i64>, StoreError> {
+/// What became of one acknowledgement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckOutcome {
+    /// Acknowledged now, or before.
+    Acknowledged,
+    /// The receipt's delivery is not the message's current one: it was
+    /// handed out again since (`current` is that delivery's number).
+    Stale { current: i32 },
+    /// No message with this id is addressed to the caller.
+    NotFound,
+}
+
+/// `wanted`: (message id, the delivery a receipt names, if any).
+pub async fn ack(
+    db: &Client,
+    recipient_id: i64,
+    wanted: &[(i64, Option<i32>)],
+) -> Result<Vec<AckOutcome>, StoreError> {
+    let ids: Vec<i64> = wanted.iter().map(|w| w.0).collect();
+    let deliveries: Vec<Option<i32>> = wanted.iter().map(|w| w.1).collect();
     let stmt = db.prepare_cached(ACK).await?;
     Ok(db
-        .query(&stmt, &[&recipient_id, &ids])
+        .query(&stmt, &[&recipient_id, &ids, &deliveries])
         .await?
         .iter()
-        .map(|r| r.get(0))
+        .map(|r| {
+            if !r.get::<_, bool>("found") {
+                AckOutcome::NotFound
+            } else if r.get::<_, bool>("acknowledged") {
+                AckOutcome::Acknowledged
+            } else {
+                AckOutcome::Stale {
+                    current: r.get("current"),
+                }
+            }
+        })
         .collect())
 }
 
@@ -372,6 +430,7 @@ static OUTBOX: LazyLock<String> = LazyLock::new(|| {
                 m.sent_at, m.read_at, m.acked_at, m.delivery_count,
                 CASE WHEN m.acked_at IS NOT NULL THEN 'acknowledged'
                      WHEN m.read_at IS NOT NULL THEN 'read'
+                     WHEN m.dead_at IS NOT NULL THEN 'dead'
                      WHEN m.leased_until > now() THEN 'leased'
                      ELSE 'waiting' END AS state
          FROM (SELECT * FROM messages m

@@ -44,6 +44,8 @@ pub struct Message {
     pub delivery_count: i32,
     /// Until when it is leased to a worker, if it is.
     pub leased_until: Option<DateTime<Utc>>,
+    /// When it stopped coming back (leased too often, never acknowledged).
+    pub dead_at: Option<DateTime<Utc>>,
 }
 
 impl Message {
@@ -62,6 +64,7 @@ impl Message {
             read_at: row.get("read_at"),
             delivery_count: row.get("delivery_count"),
             leased_until: row.get("leased_until"),
+            dead_at: row.get("dead_at"),
         }
     }
 }
@@ -73,6 +76,8 @@ pub enum Delivery {
     Leased,
     Read,
     Acknowledged,
+    /// Leased too often without an acknowledgement: it stopped coming back.
+    Dead,
 }
 
 impl Delivery {
@@ -82,6 +87,7 @@ impl Delivery {
             Self::Leased => "leased",
             Self::Read => "read",
             Self::Acknowledged => "acknowledged",
+            Self::Dead => "dead",
         }
     }
 
@@ -90,6 +96,7 @@ impl Delivery {
             "acknowledged" => Self::Acknowledged,
             "read" => Self::Read,
             "leased" => Self::Leased,
+            "dead" => Self::Dead,
             _ => Self::Waiting,
         }
     }

@@ -284,13 +284,13 @@ static MAIL_BATCH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
          {SENDER_LOOKUP}
          UNION ALL
          SELECT false, rs.ord, rs.sender_id, i.id, NULL, NULL, NULL, NULL, NULL, NULL,
-                i.thread_id, i.sent_at, NULL, NULL, NULL, NULL, i.recipient_id
+                i.thread_id, i.sent_at, NULL, NULL, NULL, NULL, NULL, i.recipient_id
          FROM resolved rs
          LEFT JOIN numbered n ON n.ord = rs.ord
          LEFT JOIN inserted i ON i.id = n.id
          UNION ALL
          SELECT NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                NULL, NULL, NULL, NULL, NULL, NULL, w.agent_id
+                NULL, NULL, NULL, NULL, NULL, NULL, NULL, w.agent_id
          FROM woken CROSS JOIN unnest(woken.ids) AS w(agent_id)
          ORDER BY is_poll, ord, id"
     )
