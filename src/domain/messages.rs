@@ -468,9 +468,14 @@ impl Phone {
             .await
             .map_err(|e| taken_hint(e, req))?;
         let takes = matches!(req.mode, InboxMode::Read | InboxMode::Lease { .. });
-        if takes && call.gone.is_cancelled() && !polled.messages.is_empty() {
-            self.store.give_back(&polled).await;
-            return Err(PhoneError::CallerGone);
+        if takes && !polled.messages.is_empty() {
+            if call.gone.is_cancelled() {
+                self.store.give_back(&polled).await;
+                return Err(PhoneError::CallerGone);
+            }
+            if let Some(handover) = &call.handover {
+                handover.hold(&self.store, polled.clone());
+            }
         }
         Ok(inbox(polled, req.mode))
     }

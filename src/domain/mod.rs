@@ -9,6 +9,7 @@
 //! - `limits`: rate limits on failed authentication and registration.
 
 pub mod agents;
+pub mod handover;
 pub mod limits;
 pub mod messages;
 pub mod search;
@@ -185,7 +186,7 @@ impl Credentials {
 
 /// The request a call arrives in: whether its caller can still hear the
 /// answer, and by when the answer must leave.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct Call {
     /// Cancelled when the caller can no longer hear the answer: it
     /// disconnected, or its request timed out.
@@ -193,6 +194,9 @@ pub struct Call {
     /// When the answer must be on its way, a margin before the request
     /// times out: long polls end by then. `None`: no limit but the wait's.
     pub deadline: Option<tokio::time::Instant>,
+    /// Where a poll leaves what it took until the answer has left the
+    /// server (`None`: the caller holds it as soon as the poll returns).
+    pub handover: Option<Arc<handover::Handover>>,
 }
 
 /// An agent whose token was verified for this request.

@@ -2,6 +2,7 @@
 //! `/health`, and the layers around them; `serve` is the accept loop.
 
 mod client_address;
+mod handover;
 mod health;
 mod jsonrpc;
 pub mod serve;
@@ -78,6 +79,9 @@ pub fn router(settings: &Settings, phone: Phone) -> Router {
         .layer(middleware::from_fn(move |req, next| {
             client_address::attach(address_from.clone(), req, next)
         }))
+        // Outside rmcp and the envelope check, so that it sees the bytes
+        // that go out and the request's future being dropped.
+        .layer(middleware::from_fn(handover::attach))
         // The deadline counts from the request's arrival, before any queue.
         .layer(middleware::from_fn(
             move |mut req: axum::extract::Request, next: middleware::Next| async move {

@@ -2,10 +2,15 @@
 //! `Authorization: Bearer` header, and an optional `name`), and the
 //! caller's network address that the HTTP layer determined.
 
+use std::sync::Arc;
+
 use rmcp::service::{RequestContext, RoleServer};
 
 use super::args::Args;
-use crate::domain::{AgentName, Call, Caller, Credentials, InvalidInput, Phone, PhoneError, Token};
+use crate::domain::{
+    AgentName, Call, Caller, Credentials, InvalidInput, Phone, PhoneError, Token,
+    handover::Handover,
+};
 
 /// The caller's network address as the HTTP layer determined it (behind a
 /// trusted proxy, from the proxy's header), for rate limits. Put into the
@@ -22,13 +27,13 @@ pub struct RequestDeadline(pub tokio::time::Instant);
 /// the client disconnects or the request's future is dropped (the request
 /// timed out) before the answer, and the HTTP layer sets the deadline.
 pub(super) fn call(context: &RequestContext<RoleServer>) -> Call {
+    let parts = context.extensions.get::<http::request::Parts>();
     Call {
         gone: context.ct.clone(),
-        deadline: context
-            .extensions
-            .get::<http::request::Parts>()
+        deadline: parts
             .and_then(|parts| parts.extensions.get::<RequestDeadline>())
             .map(|d| d.0),
+        handover: parts.and_then(|parts| parts.extensions.get::<Arc<Handover>>().cloned()),
     }
 }
 

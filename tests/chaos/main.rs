@@ -17,6 +17,7 @@
 mod client;
 mod harness;
 mod slow;
+mod vanish;
 mod workload;
 
 use std::{
@@ -880,6 +881,15 @@ async fn slow_clients_and_idle_connections() {
     );
     assert_guarantees("slow clients", &load, &verdict, &[&r]);
     r.stop(Duration::from_secs(5)).await;
+}
+
+// ---------------------------------------------------------------------------
+// 6. Callers that vanish at random points of their requests.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "chaos suite: run with `make chaos`"]
+async fn callers_vanish() {
+    vanish::callers_vanish().await;
 }
 
 /// A quick sanity check of the harness itself (also `#[ignore]`d): one
