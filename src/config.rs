@@ -44,6 +44,9 @@ pub struct Config {
     pub register_limit: u32,
     /// Mail settings: the longest wait, how often a lease goes out.
     pub mail: MailRules,
+    /// What the operator should hear at startup (a likely mistake that is
+    /// not an error).
+    pub warnings: Vec<String>,
 }
 
 impl Config {
@@ -125,22 +128,18 @@ impl Config {
                 ),
             });
         }
-        let trust_forwarded_for: bool = parse(&get, "PHONE_TRUST_FORWARDED_FOR", false)?;
-        let client_ip_header = get("PHONE_CLIENT_IP_HEADER")
-            .filter(|v| !v.trim().is_empty())
-            .map(|v| {
-                ::http::HeaderName::try_from(v.trim()).map_err(|e| ConfigError::Invalid {
-                    name: "PHONE_CLIENT_IP_HEADER",
-                    value: v.clone(),
-                    reason: e.to_string(),
-                })
-            })
-            .transpose()?;
-        let client_address_from = match (client_ip_header, trust_forwarded_for) {
-            (Some(name), _) => http::ClientAddressFrom::Header(name),
-            (None, true) => http::ClientAddressFrom::ForwardedFor,
-            (None, false) => http::ClientAddressFrom::Peer,
-        };
+        let client_address_from = client_address_from(&get)?;
+        let mut warnings = Vec::new();
+        let on_railway = RAILWAY_VARIABLES
+            .iter()
+            .any(|v| get(v).is_some_and(|v| !v.trim().is_empty()));
+        if on_railway && client_address_from == http::ClientAddressFrom::Peer {
+            warnings.push(
+                "running on Railway with PHONE_CLIENT_IP_HEADER=none: every client shares the edge's \
+                 address, and so its rate limits (one stranger's bad tokens lock everyone out)"
+                    .to_owned(),
+            );
+        }
         Ok(Self {
             store: store::Settings {
                 database_url,
@@ -202,8 +201,56 @@ impl Config {
                     MAX_DELIVERIES_MAX as usize,
                 )? as u32,
             },
+            warnings,
         })
     }
+}
+
+/// The variables Railway sets in every deployment.
+const RAILWAY_VARIABLES: [&str; 4] = [
+    "RAILWAY_ENVIRONMENT",
+    "RAILWAY_PROJECT_ID",
+    "RAILWAY_SERVICE_ID",
+    "RAILWAY_PUBLIC_DOMAIN",
+];
+
+/// Where client addresses come from: `PHONE_CLIENT_IP_HEADER` (a header
+/// name, or `none` for the TCP peer), else `PHONE_TRUST_FORWARDED_FOR`,
+/// else on Railway the `X-Real-IP` its edge sets, else the TCP peer.
+fn client_address_from(
+    get: &impl Fn(&str) -> Option<String>,
+) -> Result<http::ClientAddressFrom, ConfigError> {
+    let header = get("PHONE_CLIENT_IP_HEADER").filter(|v| !v.trim().is_empty());
+    let forwarded: Option<bool> = get("PHONE_TRUST_FORWARDED_FOR")
+        .filter(|v| !v.trim().is_empty())
+        .map(|v| {
+            v.trim()
+                .parse()
+                .map_err(|e: std::str::ParseBoolError| ConfigError::Invalid {
+                    name: "PHONE_TRUST_FORWARDED_FOR",
+                    value: v.clone(),
+                    reason: e.to_string(),
+                })
+        })
+        .transpose()?;
+    let on_railway = RAILWAY_VARIABLES
+        .iter()
+        .any(|v| get(v).is_some_and(|v| !v.trim().is_empty()));
+    Ok(match (header, forwarded) {
+        (Some(h), _) if h.trim().eq_ignore_ascii_case("none") => http::ClientAddressFrom::Peer,
+        (Some(h), _) => http::ClientAddressFrom::Header(
+            ::http::HeaderName::try_from(h.trim()).map_err(|e| ConfigError::Invalid {
+                name: "PHONE_CLIENT_IP_HEADER",
+                value: h.clone(),
+                reason: e.to_string(),
+            })?,
+        ),
+        (None, Some(true)) => http::ClientAddressFrom::ForwardedFor,
+        (None, _) if on_railway => {
+            http::ClientAddressFrom::Header(::http::HeaderName::from_static("x-real-ip"))
+        }
+        (None, _) => http::ClientAddressFrom::Peer,
+    })
 }
 
 /// What a long poll keeps of its request's time for its last look.
@@ -300,6 +347,42 @@ mod tests {
         ])
         .unwrap_err();
         assert!(err.to_string().contains("between 1 and 1000"), "{err}");
+    }
+
+    #[test]
+    fn client_addresses_come_from_railways_header_by_default_there() {
+        let url = ("DATABASE_URL", "postgres://x@h/db");
+        let real_ip = http::ClientAddressFrom::Header(::http::HeaderName::from_static("x-real-ip"));
+        let railway = ("RAILWAY_ENVIRONMENT", "production");
+        assert_eq!(
+            config(&[url]).unwrap().http.client_address_from,
+            http::ClientAddressFrom::Peer
+        );
+        assert_eq!(
+            config(&[url, railway]).unwrap().http.client_address_from,
+            real_ip
+        );
+        assert_eq!(
+            config(&[url, railway, ("PHONE_CLIENT_IP_HEADER", "none")])
+                .unwrap()
+                .http
+                .client_address_from,
+            http::ClientAddressFrom::Peer
+        );
+        assert_eq!(
+            config(&[url, ("PHONE_TRUST_FORWARDED_FOR", "true")])
+                .unwrap()
+                .http
+                .client_address_from,
+            http::ClientAddressFrom::ForwardedFor
+        );
+        assert_eq!(
+            config(&[url, ("PHONE_CLIENT_IP_HEADER", "CF-Connecting-IP")])
+                .unwrap()
+                .http
+                .client_address_from,
+            http::ClientAddressFrom::Header(::http::HeaderName::from_static("cf-connecting-ip"))
+        );
     }
 
     #[test]

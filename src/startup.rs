@@ -37,6 +37,9 @@ pub struct Application {
 
 impl Application {
     pub async fn build(config: &Config) -> Result<Self, StartupError> {
+        for warning in &config.warnings {
+            tracing::warn!("{warning}");
+        }
         store::migrate(&config.store.database_url).await?;
         let stopping = CancellationToken::new();
         let store = Store::open(&config.store, UNREAD_COUNT_CAP, stopping.clone())?;

@@ -63,56 +63,121 @@ async fn failed_authentication_is_limited_per_address_across_replicas() {
     one.stop().await;
 }
 
+/// A tools/call as the client at `address` behind Railway's edge, which
+/// sets `X-Real-IP` (and the server, seeing Railway's variables, trusts it).
+async fn behind_the_edge(
+    app: &TestApp,
+    address: &str,
+    args: serde_json::Value,
+) -> serde_json::Value {
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                      "params": {"name": "phone_inbox", "arguments": args}});
+    reqwest::Client::new()
+        .post(app.mcp_url())
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("x-real-ip", address)
+        // What a client may send itself: it must change nothing.
+        .header("x-forwarded-for", "203.0.113.1")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+fn answer_text(r: &serde_json::Value) -> String {
+    r["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Deployed as DEPLOY.md says (Railway's variables present, nothing else
+/// set): each client has its own limit. One stranger's bad tokens block
+/// that stranger only; other clients, and the owner of the name under
+/// attack, still get in. IPv6 clients are counted per /64.
 #[tokio::test]
-async fn failures_against_one_name_are_limited_but_its_owner_still_gets_in() {
-    // Per-name counting from many addresses cannot be simulated on loopback
-    // without trusting X-Forwarded-For, which is what a proxy deployment does.
+async fn behind_railway_one_clients_failures_never_block_another() {
     let app = spawn_app_with(&[
         ("PHONE_AUTH_FAILURE_LIMIT", "3"),
-        ("PHONE_TRUST_FORWARDED_FOR", "true"),
+        ("RAILWAY_ENVIRONMENT", "production"),
+        ("RAILWAY_PUBLIC_DOMAIN", "phone.up.railway.app"),
     ])
     .await;
     let c = app.client().await;
     let alice = register(&c, "alice", "A", "p").await;
-    let http = reqwest::Client::new();
-    let call = |address: String, args: serde_json::Value| {
-        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                          "params": {"name": "phone_inbox", "arguments": args}});
-        http.post(app.mcp_url())
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream")
-            .header("x-forwarded-for", format!("198.51.100.250, {address}"))
-            .body(body.to_string())
-            .send()
-    };
-    let mut last = String::new();
-    for i in 0..4 {
-        let r: serde_json::Value = call(
-            format!("192.0.2.{i}"),
+    let stranger = "198.51.100.7";
+    for i in 0..3 {
+        let r = behind_the_edge(&app, stranger, json!({"name": "alice", "token": forged(i)})).await;
+        assert!(answer_text(&r).starts_with("invalid token"), "{r}");
+    }
+    let r = behind_the_edge(&app, stranger, json!({"name": "alice", "token": forged(9)})).await;
+    assert!(
+        answer_text(&r).starts_with("too many failed authentication attempts"),
+        "the stranger is limited: {r}"
+    );
+    // Another client's own mistakes are its own.
+    let r = behind_the_edge(&app, "198.51.100.8", json!({"token": forged(5)})).await;
+    assert!(answer_text(&r).starts_with("invalid token"), "{r}");
+    // Strangers from many addresses guessing at alice's name: her token works.
+    for i in 0..6 {
+        let r = behind_the_edge(
+            &app,
+            &format!("192.0.2.{i}"),
             json!({"name": "alice", "token": forged(i)}),
         )
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-        last = r["result"]["content"][0]["text"]
-            .as_str()
-            .unwrap()
-            .to_owned();
+        .await;
+        assert!(answer_text(&r).starts_with("invalid token"), "{r}");
     }
-    assert!(
-        last.starts_with("too many failed authentication attempts"),
-        "{last}"
+    let r = behind_the_edge(&app, "192.0.2.200", alice.with(json!({}))).await;
+    assert_eq!(
+        r["result"]["isError"], false,
+        "the owner is locked out: {r}"
     );
-    // The owner's valid token is never refused because others guessed at its name.
-    let r: serde_json::Value = call("192.0.2.77".into(), alice.with(json!({})))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(r["result"]["isError"], false, "{r}");
+
+    // IPv6: one /64 is one client, however it varies the low bits.
+    for i in 0..3 {
+        let r = behind_the_edge(
+            &app,
+            &format!("2001:db8:1:2::{i:x}"),
+            json!({"token": forged(i)}),
+        )
+        .await;
+        assert!(answer_text(&r).starts_with("invalid token"), "{r}");
+    }
+    let r = behind_the_edge(&app, "2001:db8:1:2:ffff::1", json!({"token": forged(7)})).await;
+    assert!(
+        answer_text(&r).starts_with("too many failed"),
+        "a /64 walked around its limit: {r}"
+    );
+    let r = behind_the_edge(&app, "2001:db8:1:3::1", json!({"token": forged(7)})).await;
+    assert!(answer_text(&r).starts_with("invalid token"), "{r}");
+    app.stop().await;
+}
+
+/// Rate-limit rows do not pile up: each counted event removes old buckets.
+#[tokio::test]
+async fn rate_limit_rows_are_pruned() {
+    let app = spawn_app_with(&[("PHONE_AUTH_FAILURE_LIMIT", "100")]).await;
+    let db = app.db().await;
+    db.batch_execute(
+        "INSERT INTO rate_limits (bucket, window_start, hits)
+         SELECT 'auth:addr:old-' || i, now() - interval '3 hours', 1 FROM generate_series(1, 40) i",
+    )
+    .await
+    .unwrap();
+    let c = app.client().await;
+    for i in 0..4 {
+        tool_err(&c, "phone_inbox", json!({"token": forged(i)})).await;
+    }
+    let old = app
+        .count("SELECT count(*) FROM rate_limits WHERE bucket LIKE 'auth:addr:old-%'")
+        .await;
+    assert_eq!(old, 0, "expired buckets left behind");
+    assert!(app.count("SELECT count(*) FROM rate_limits").await >= 1);
     app.stop().await;
 }
 

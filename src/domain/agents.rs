@@ -146,7 +146,7 @@ impl Phone {
         }
         let exists = store::agents::is_registered(&db, req.name.as_str()).await?;
         drop(db);
-        self.count_auth_failure(client_address, Some(&req.name))
+        self.count_auth_failure(client_address, Some(&req.name), "wrong_token_for_name")
             .await?;
         if exists {
             Err(PhoneError::Unauthenticated(
@@ -169,7 +169,7 @@ impl Phone {
             store::agents::holder_of(&db, creds.token.as_bytes(), creds.claimed_name()).await?;
         drop(db);
         let Some(holder) = holder else {
-            self.count_auth_failure(client_address, creds.claimed.as_ref())
+            self.count_auth_failure(client_address, creds.claimed.as_ref(), "unknown_token")
                 .await?;
             return Err(PhoneError::Unauthenticated(
                 "invalid token: no agent holds it. Use the token phone_register gave you (saved in your notes)",
@@ -179,7 +179,7 @@ impl Phone {
         if let Some(claimed) = &creds.claimed
             && claimed != &name
         {
-            self.count_auth_failure(client_address, Some(claimed))
+            self.count_auth_failure(client_address, Some(claimed), "name_mismatch")
                 .await?;
             return Err(PhoneError::Unauthenticated(
                 "this token belongs to a different agent than `name`. Use each agent's own name and token together",

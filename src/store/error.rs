@@ -52,7 +52,7 @@ impl StoreError {
                             || c == "40001"
                             || c == "40P01"
                     })
-                    || e.as_db_error().is_none() && e.code().is_none()
+                    || e.as_db_error().is_none() && e.code().is_none() && !is_our_mistake(e)
             }
             _ => false,
         }
@@ -80,6 +80,22 @@ impl StoreError {
             _ => "database unreachable".into(),
         }
     }
+}
+
+/// Errors the client library raises about the statement itself (wrong
+/// parameter count or types, unexpected columns or rows): a bug here, not an
+/// outage, whatever the database's state.
+fn is_our_mistake(e: &tokio_postgres::Error) -> bool {
+    let text = e.to_string();
+    [
+        "expected ",
+        "error serializing parameter",
+        "error deserializing column",
+        "invalid column",
+        "query returned an unexpected number of rows",
+    ]
+    .iter()
+    .any(|p| text.starts_with(p))
 }
 
 /// Why a caller waited in vain for a pooled connection.

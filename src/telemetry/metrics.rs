@@ -9,6 +9,7 @@
 //! | `phone.tool.duration` (s) | histogram | `tool`, `outcome` |
 //! | `phone.messages.sent` | counter | — (replayed idempotent sends are not counted) |
 //! | `phone.messages.read` | counter | `mode` (read: marked read by a poll; lease: handed out under a lease) |
+//! | `phone.auth.failures` | counter | `reason` (unknown_token, name_mismatch, wrong_token_for_name), `claimed_name` (a name was claimed) |
 //! | `db.client.operation.duration` (s) | histogram | `db.system.name`, `db.operation.name`, `db.collection.name`, `outcome` |
 //! | `db.client.connection.wait_time` (s) | histogram | `db.client.connection.pool.name` |
 //! | `db.client.connection.count` | up-down counter (observed) | `db.client.connection.state` (idle, used), pool name |
@@ -44,6 +45,7 @@ struct Instruments {
     tool_duration: Histogram<f64>,
     messages_sent: Counter<u64>,
     messages_read: Counter<u64>,
+    auth_failures: Counter<u64>,
     db_duration: Histogram<f64>,
     pool_wait: Histogram<f64>,
     _observed: (
@@ -103,6 +105,13 @@ pub(crate) fn install(meter: &Meter) {
             .with_unit("{message}")
             .with_description(
                 "Messages handed to their recipient by phone_inbox (mode read or lease)",
+            )
+            .build(),
+        auth_failures: meter
+            .u64_counter("phone.auth.failures")
+            .with_unit("{attempt}")
+            .with_description(
+                "Failed authentications, by reason; a rise means someone guesses tokens",
             )
             .build(),
         db_duration: histogram(
@@ -272,6 +281,19 @@ pub fn tool_call(call: ToolCall, elapsed: Duration) {
     if let Some((mode, n)) = call.messages_read.filter(|(_, n)| *n > 0) {
         m.messages_read.add(n, &[KeyValue::new("mode", mode)]);
     }
+}
+
+/// One failed authentication (never with the name or token itself: the
+/// attribute values are a small fixed set).
+pub fn auth_failure(reason: &'static str, claimed_name: bool) {
+    let Some(m) = INSTRUMENTS.get() else { return };
+    m.auth_failures.add(
+        1,
+        &[
+            KeyValue::new("reason", reason),
+            KeyValue::new("claimed_name", claimed_name),
+        ],
+    );
 }
 
 pub fn db_operation(
