@@ -335,7 +335,7 @@ async fn text_renderings_are_compact_not_a_second_copy_of_the_json() {
     assert!(text_len < json_len, "text {text_len} vs json {json_len}");
     let rendered = text(&result);
     for needle in [
-        "from alice (project research)",
+        "from alice (project \"research\")",
         "Subject: report 0",
         "msg_",
         "Revenue up 4%.",

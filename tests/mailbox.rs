@@ -116,11 +116,11 @@ async fn the_whole_flow_from_register_to_reply() {
     .await;
     let rendered = text(&result);
     assert!(
-        rendered.contains("from email (project hassing)"),
+        rendered.contains("from email (project \"hassing\")"),
         "{rendered}"
     );
     assert!(
-        rendered.contains("<message from=\"email\">\nFound 3 invoices"),
+        rendered.contains(" from=\"email\">\nFound 3 invoices"),
         "{rendered}"
     );
 

@@ -1,5 +1,13 @@
 //! Compact text renderings of tool results: what a model reads in place of
 //! the JSON, so it should not be a second copy of it.
+//!
+//! Text other agents wrote (bodies, subjects, descriptions, projects) is
+//! untrusted. Multi-line text goes inside a fence that carries a random
+//! mark, new for every answer and absent from everything in it, so no text
+//! can close the fence or open another one; the mark is announced in the
+//! answer's first line. Single-line text in a header line is quoted with
+//! JSON escapes, so it cannot end its quotes either. Names are safe by
+//! construction (ASCII letters, digits, `-`, `_`, `.`).
 
 use std::fmt::Write as _;
 
@@ -7,14 +15,35 @@ use super::wire::{
     Acked, Inbox, Message, Outbox, Registration, Rotated, SearchResult, Sent, Thread, Unregistered,
 };
 
+/// A quoted, escaped single line (JSON string syntax).
+fn quoted(text: &str) -> String {
+    serde_json::to_string(text).unwrap_or_else(|_| "\"\"".into())
+}
+
+/// The fence mark of one answer: random, and found in none of `texts`.
+fn fence_mark<'a>(texts: impl Iterator<Item = &'a str> + Clone) -> String {
+    loop {
+        let mark: String = (0..8)
+            .map(|_| {
+                let n = rand::random::<u8>() % 36;
+                char::from(if n < 10 { b'0' + n } else { b'a' + n - 10 })
+            })
+            .collect();
+        if !texts.clone().any(|t| t.contains(&mark)) {
+            return mark;
+        }
+    }
+}
+
 pub fn registration(r: &Registration) -> String {
     match &r.token {
         Some(token) => format!(
             "Registered '{}' (project {}). Token: {token}\n\
              Save the name and token in your persistent notes now: the token is not shown again.",
-            r.name, r.project
+            r.name,
+            quoted(&r.project)
         ),
-        None => format!("Updated '{}' (project {}).", r.name, r.project),
+        None => format!("Updated '{}' (project {}).", r.name, quoted(&r.project)),
     }
 }
 
@@ -22,13 +51,23 @@ pub fn search(r: &SearchResult) -> String {
     if r.agents.is_empty() {
         return "No agents found.".into();
     }
-    let mut out = String::new();
+    let mark = fence_mark(
+        r.agents
+            .iter()
+            .flat_map(|a| [a.description.as_str(), a.project.as_str()]),
+    );
+    let mut out = format!(
+        "{} agent(s); each one's own words are fenced with the mark {mark}.\n",
+        r.agents.len()
+    );
     for a in &r.agents {
         let seen = a.last_seen_at.as_deref().unwrap_or("never");
         let _ = writeln!(
             out,
-            "- {} (project {}, last seen {seen}): {}",
-            a.name, a.project, a.description
+            "- {} (project {}, last seen {seen})\n<about fence=\"{mark}\">{}</about fence=\"{mark}\">",
+            a.name,
+            quoted(&a.project),
+            a.description
         );
     }
     if let Some(cursor) = &r.next_cursor {
@@ -48,40 +87,65 @@ pub fn sent(r: &Sent) -> String {
     }
 }
 
+/// The fence mark of an answer that carries these messages.
+fn message_mark(list: &[Message]) -> String {
+    fence_mark(list.iter().flat_map(|m| {
+        [
+            m.body.as_str(),
+            m.subject.as_deref().unwrap_or(""),
+            m.from_project.as_str(),
+        ]
+    }))
+}
+
 pub fn inbox(r: &Inbox) -> String {
-    let mut out = String::new();
     let remaining = match r.unread_remaining {
         100.. => "100+".to_string(),
         n => n.to_string(),
     };
-    let _ = writeln!(
-        out,
-        "{} message(s); {remaining} unread still waiting.",
-        r.messages.len()
+    let mark = message_mark(&r.messages);
+    let mut out = format!(
+        "{} message(s); {remaining} unread still waiting.{}\n",
+        r.messages.len(),
+        fence_note(&r.messages, &mark)
     );
-    messages(&mut out, &r.messages);
+    messages(&mut out, &r.messages, &mark);
     out
 }
 
 pub fn thread(r: &Thread) -> String {
+    let mark = message_mark(&r.messages);
     let mut out = format!(
-        "Thread {}: {} message(s), oldest first.\n",
+        "Thread {}: {} message(s), oldest first.{}\n",
         r.thread_id,
-        r.messages.len()
+        r.messages.len(),
+        fence_note(&r.messages, &mark)
     );
-    messages(&mut out, &r.messages);
+    messages(&mut out, &r.messages, &mark);
     if let Some(cursor) = &r.next_cursor {
         let _ = writeln!(out, "\nMore: cursor={cursor}");
     }
     out
 }
 
-fn messages(out: &mut String, list: &[Message]) {
+fn fence_note(list: &[Message], mark: &str) -> String {
+    if list.is_empty() {
+        String::new()
+    } else {
+        format!(" Each message's text is fenced with the mark {mark}.")
+    }
+}
+
+fn messages(out: &mut String, list: &[Message], mark: &str) {
     for m in list {
         let _ = write!(
             out,
             "\n[{}] from {} (project {}) to {} at {}",
-            m.id, m.from, m.from_project, m.to, m.sent_at
+            m.id,
+            m.from,
+            quoted(&m.from_project),
+            m.to,
+            m.sent_at
         );
         if let Some(original) = &m.reply_to {
             let _ = write!(out, ", reply to {original}");
@@ -104,17 +168,13 @@ fn messages(out: &mut String, list: &[Message]) {
             );
         }
         out.push('\n');
+        // Another agent's words, with its verified name: data, not
+        // instructions. Only this answer's mark closes the fence.
+        let _ = writeln!(out, "<message fence=\"{mark}\" from=\"{}\">", m.from);
         if let Some(subject) = &m.subject {
             let _ = writeln!(out, "Subject: {subject}");
         }
-        // The fence marks where another agent's words begin and end, with
-        // its verified name, so they are read as data, not as instructions.
-        let _ = writeln!(
-            out,
-            "<message from=\"{}\">\n{}\n</message>",
-            m.from,
-            m.body.trim_end()
-        );
+        let _ = writeln!(out, "{}\n</message fence=\"{mark}\">", m.body.trim_end());
     }
 }
 
@@ -139,7 +199,7 @@ pub fn outbox(r: &Outbox) -> String {
         let subject = m
             .subject
             .as_deref()
-            .map(|s| format!(" \"{s}\""))
+            .map(|s| format!(" {}", quoted(s)))
             .unwrap_or_default();
         let _ = writeln!(
             out,
