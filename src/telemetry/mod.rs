@@ -291,8 +291,18 @@ fn install(config: TelemetryConfig) -> Result<Telemetry, TelemetryError> {
     };
 
     let mut layers: Vec<Box<dyn Layer<Registry> + Send + Sync>> = Vec::new();
-    let log_filter =
-        EnvFilter::try_new(&config.log_filter).unwrap_or_else(|_| EnvFilter::new("info"));
+    // Below INFO, only this crate's own events and spans are logged,
+    // whatever RUST_LOG asks: its libraries log what passes through them
+    // there (rmcp each request and response with its arguments, tokens and
+    // bodies; tokio-postgres each statement's parameters), and this crate
+    // never logs a token or a body at any level.
+    let log_filter = EnvFilter::try_new(&config.log_filter)
+        .unwrap_or_else(|_| EnvFilter::new("info"))
+        .and(filter_fn(|m| {
+            *m.level() <= Level::INFO
+                || m.target() == OWN_TARGET
+                || m.target().starts_with(concat!("phone", "::"))
+        }));
     // Request spans are always logged, whatever the level, so that every
     // line inside a request carries its trace id.
     let log_filter = log_filter.or(filter_fn(|m| m.is_span() && m.target() == REQUEST_TARGET));
@@ -392,6 +402,8 @@ fn resource() -> Resource {
 }
 
 const REQUEST_TARGET: &str = "phone::http";
+/// This crate's targets (`phone::…`).
+const OWN_TARGET: &str = "phone";
 
 /// The trace id of a request span, for log lines.
 #[derive(Clone, Copy)]

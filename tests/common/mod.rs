@@ -106,6 +106,21 @@ pub async fn spawn_app_on(database_url: &str, extra: &[(&str, &str)]) -> TestApp
 }
 
 impl TestApp {
+    /// A handle on a server this process did not start (at `base`,
+    /// `http://127.0.0.1:PORT`): its clients and URLs, nothing to stop.
+    pub fn external(base: &str) -> Self {
+        let addr = base
+            .trim_start_matches("http://")
+            .parse()
+            .expect("base is http://IP:PORT");
+        Self {
+            addr,
+            database_url: String::new(),
+            stop: None,
+            server: None,
+        }
+    }
+
     pub fn mcp_url(&self) -> String {
         format!("http://{}/mcp", self.addr)
     }
