@@ -41,7 +41,7 @@ impl Process {
         for (k, v) in env {
             command.env(k, v);
         }
-        let child = command.spawn().expect("the phone binary starts");
+        let mut child = command.spawn().expect("the phone binary starts");
         let url = format!("http://127.0.0.1:{port}");
         for _ in 0..200 {
             if reqwest::get(format!("{url}/health"))
@@ -52,6 +52,8 @@ impl Process {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        let _ = child.kill();
+        let _ = child.wait();
         panic!("the server did not become healthy");
     }
 
