@@ -3,6 +3,8 @@
 # PostgreSQL binaries (installed from Debian's packages when absent).
 #
 #   scripts/pg.sh start DIR PORT [fast]   init if needed, start, print nothing
+#                                         (PG_TLS_DIR=DIR: TLS on, with DIR/server.pem
+#                                         and DIR/server.key from scripts/tls-certs.sh)
 #   scripts/pg.sh stop DIR                stop (fast mode)
 #   scripts/pg.sh url PORT [DB]           print the connection URL
 #
@@ -54,6 +56,14 @@ start)
         exit 0
     fi
     opts="-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=400"
+    if [ -n "${PG_TLS_DIR:-}" ]; then
+        # PostgreSQL wants its key private to its own user.
+        cp "$PG_TLS_DIR/server.pem" "$dir/tls-server.pem"
+        cp "$PG_TLS_DIR/server.key" "$dir/tls-server.key"
+        chmod 600 "$dir/tls-server.key"
+        [ "$(id -u)" -eq 0 ] && chown postgres:postgres "$dir/tls-server.pem" "$dir/tls-server.key"
+        opts="$opts -c ssl=on -c ssl_cert_file=$dir/tls-server.pem -c ssl_key_file=$dir/tls-server.key"
+    fi
     if [ "$mode" = fast ]; then
         opts="$opts -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
     fi

@@ -7,9 +7,13 @@ dir=${PHONE_TEST_PG_DIR:-data/test-pg}
 
 scripts/pg.sh stop "$dir"
 rm -rf "$dir"
-scripts/pg.sh start "$dir" "$port" fast
+# TLS on, so that the tests can connect with every sslmode (tests/tls.rs).
+tls_dir=$PWD/data/test-pg-tls
+scripts/tls-certs.sh "$tls_dir"
+PG_TLS_DIR=$tls_dir scripts/pg.sh start "$dir" "$port" fast
 trap 'scripts/pg.sh stop "$dir"' EXIT
 export PHONE_TEST_DATABASE_URL=$(scripts/pg.sh url "$port")
+export PHONE_TEST_PG_TLS_DIR=$tls_dir
 
 if ! cargo nextest --version >/dev/null 2>&1; then
     echo "test: installing cargo-nextest" >&2

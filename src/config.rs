@@ -151,6 +151,18 @@ impl Config {
                 )?,
                 pool_timeout,
                 statement_timeout,
+                connect_wait: Duration::from_secs(bounded(
+                    parse(&get, "PHONE_DB_WAIT_SECS", 60)?,
+                    "PHONE_DB_WAIT_SECS",
+                    0,
+                    3600,
+                )? as u64),
+                migration_timeout: Duration::from_secs(bounded(
+                    parse(&get, "PHONE_MIGRATION_TIMEOUT_SECS", 300)?,
+                    "PHONE_MIGRATION_TIMEOUT_SECS",
+                    1,
+                    86_400,
+                )? as u64),
             },
             http: http::Settings {
                 allowed_hosts,

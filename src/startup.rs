@@ -40,7 +40,8 @@ impl Application {
         for warning in &config.warnings {
             tracing::warn!("{warning}");
         }
-        store::migrate(&config.store.database_url).await?;
+        store::wait_for_database(&config.store).await?;
+        store::migrate_with(&config.store).await?;
         let stopping = CancellationToken::new();
         let store = Store::open(&config.store, UNREAD_COUNT_CAP, stopping.clone())?;
         let limits = Limits::new(config.auth_failure_limit, config.register_limit);

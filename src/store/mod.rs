@@ -21,6 +21,7 @@ mod migrate;
 pub mod pool;
 pub mod rows;
 pub mod search;
+mod tls;
 pub mod wakeup;
 
 use std::{sync::Arc, time::Duration};
@@ -33,7 +34,7 @@ pub use batch::{
 };
 pub use error::{POOL_BUSY, StoreError};
 pub use messages::Polled;
-pub use migrate::migrate;
+pub use migrate::{migrate, migrate_with, wait_for_database};
 pub use pool::{Client, Pool};
 use wakeup::Wakeup;
 
@@ -51,6 +52,25 @@ pub struct Settings {
     pub pool_timeout: Duration,
     /// Server-side limit on one statement, and on waiting for a lock.
     pub statement_timeout: Duration,
+    /// How long startup waits for PostgreSQL to answer.
+    pub connect_wait: Duration,
+    /// Statement timeout of the migrations (and of waiting for another
+    /// replica's).
+    pub migration_timeout: Duration,
+}
+
+impl Settings {
+    /// The defaults for `database_url` (tests, tools).
+    pub fn for_url(database_url: &str) -> Self {
+        Self {
+            database_url: database_url.to_owned(),
+            pool_size: 10,
+            pool_timeout: Duration::from_secs(2),
+            statement_timeout: Duration::from_secs(10),
+            connect_wait: Duration::from_secs(60),
+            migration_timeout: Duration::from_secs(300),
+        }
+    }
 }
 
 /// The database as the domain sees it: cheap to clone, shared by every
@@ -74,11 +94,8 @@ impl Store {
     ) -> Result<Self, StoreError> {
         let pool = pool::connect(settings)?;
         let wakeup = Arc::new(Wakeup::default());
-        tokio::spawn(
-            wakeup
-                .clone()
-                .listen(pool::connection_config(settings)?, stopping),
-        );
+        let (listen_config, tls) = pool::connection_config(settings)?;
+        tokio::spawn(wakeup.clone().listen(listen_config, tls, stopping));
         let mail = batch::Batcher::new(
             batch::mail::MailWrite {
                 pool: pool.clone(),

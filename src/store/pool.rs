@@ -7,8 +7,9 @@ use std::{
 };
 
 use deadpool_postgres::{Manager, ManagerConfig, PoolError, RecyclingMethod, Runtime, Timeouts};
-use tokio_postgres::{NoTls, Row, Statement, types::ToSql};
+use tokio_postgres::{Row, Statement, types::ToSql};
 
+use super::tls::{self, Tls};
 use super::{Settings, StoreError};
 use crate::telemetry::metrics;
 
@@ -398,11 +399,10 @@ fn collapse_whitespace(sql: &str) -> String {
 
 /// How every connection of this replica reaches PostgreSQL: the pool's and
 /// the LISTEN connection's alike, so a dead path is noticed by both.
-pub(super) fn connection_config(config: &Settings) -> Result<tokio_postgres::Config, StoreError> {
-    let mut pg: tokio_postgres::Config = config
-        .database_url
-        .parse()
-        .map_err(|e: tokio_postgres::Error| StoreError::Config(e.to_string()))?;
+pub(super) fn connection_config(
+    config: &Settings,
+) -> Result<(tokio_postgres::Config, Tls), StoreError> {
+    let (mut pg, tls) = tls::parse(&config.database_url)?;
     pg.application_name("phone");
     pg.connect_timeout(config.pool_timeout.max(Duration::from_secs(1)));
     // Closing a socket to a dead server must not take the kernel's minutes.
@@ -411,11 +411,11 @@ pub(super) fn connection_config(config: &Settings) -> Result<tokio_postgres::Con
     pg.keepalives_retries(3);
     // Unacknowledged writes to a silent peer fail after this, not minutes.
     pg.tcp_user_timeout(Duration::from_secs(10));
-    Ok(pg)
+    Ok((pg, tls))
 }
 
 pub fn connect(config: &Settings) -> Result<Pool, StoreError> {
-    let mut pg = connection_config(config)?;
+    let (mut pg, tls) = connection_config(config)?;
     // A statement stuck behind a lock or a slow plan frees its connection
     // before the request times out, and the caller gets a retryable error.
     let limit_ms = config.statement_timeout.as_millis();
@@ -433,7 +433,7 @@ pub fn connect(config: &Settings) -> Result<Pool, StoreError> {
     ));
     let manager = Manager::from_config(
         pg,
-        NoTls,
+        tls,
         // A closed connection is noticed by the client itself (its socket task
         // ends), so checking `is_closed` is enough after a database restart.
         ManagerConfig {

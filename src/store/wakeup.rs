@@ -15,7 +15,7 @@ use std::{
 
 use futures_util::{StreamExt, stream};
 use tokio::sync::watch;
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::AsyncMessage;
 use tokio_util::sync::CancellationToken;
 
 pub const CHANNEL: &str = "phone_mail";
@@ -103,11 +103,16 @@ impl Wakeup {
     /// seconds, not when the kernel gives up. While it is down, every local
     /// waiter re-checks on its own timer; after a reconnect every local
     /// waiter re-checks at once, since notifications sent meanwhile were lost.
-    pub async fn listen(self: Arc<Self>, config: tokio_postgres::Config, stop: CancellationToken) {
+    pub async fn listen(
+        self: Arc<Self>,
+        config: tokio_postgres::Config,
+        tls: super::tls::Tls,
+        stop: CancellationToken,
+    ) {
         let mut backoff = Duration::from_millis(200);
         loop {
             let outcome = tokio::select! {
-                outcome = self.listen_once(&config) => outcome,
+                outcome = self.listen_once(&config, &tls) => outcome,
                 _ = stop.cancelled() => return,
             };
             let was_listening = self.listening.swap(false, Ordering::Relaxed);
@@ -132,8 +137,12 @@ impl Wakeup {
     }
 
     /// One LISTEN connection, until it fails or closes.
-    async fn listen_once(&self, config: &tokio_postgres::Config) -> Result<(), ListenError> {
-        let (client, mut connection) = config.connect(NoTls).await?;
+    async fn listen_once(
+        &self,
+        config: &tokio_postgres::Config,
+        tls: &super::tls::Tls,
+    ) -> Result<(), ListenError> {
+        let (client, mut connection) = config.connect(tls.clone()).await?;
         let mut messages = stream::poll_fn(move |cx| connection.poll_message(cx));
         // The connection is driven by `messages`: every statement on it
         // completes only while they are polled too.
