@@ -487,25 +487,41 @@ impl Phone {
         call: &Call,
     ) -> Result<store::Polled, PhoneError> {
         let limit = i64::from(req.limit);
-        let look = match req.mode {
+        let lease = match req.mode {
             InboxMode::Lease {
                 seconds,
                 max_deliveries,
-            } => Look::Lease {
+            } => Some(store::Lease {
                 seconds,
                 max_deliveries,
-            },
-            InboxMode::Peek => Look::Peek,
-            InboxMode::History => Look::History,
-            InboxMode::Read => {
-                // The hot path: together with the other calls in flight.
-                let poll = QueuedPoll {
-                    token: creds.token.0,
-                    claimed: creds.claimed_name().map(str::to_owned),
-                    limit,
-                };
-                return Ok(self.store.poll_read(poll, call.gone.clone()).await?);
+            }),
+            InboxMode::Read => None,
+            InboxMode::Peek | InboxMode::History => {
+                return self.look(creds, req, call, limit).await;
             }
+        };
+        // The hot path: together with the other calls in flight, also the
+        // other polls of the same inbox.
+        let poll = QueuedPoll {
+            token: creds.token.0,
+            claimed: creds.claimed_name().map(str::to_owned),
+            limit,
+            lease,
+        };
+        Ok(self.store.poll(poll, call.gone.clone()).await?)
+    }
+
+    /// A poll that takes nothing (peek, history): on its own connection.
+    async fn look(
+        &self,
+        creds: &Credentials,
+        req: InboxRequest,
+        call: &Call,
+        limit: i64,
+    ) -> Result<store::Polled, PhoneError> {
+        let look = match req.mode {
+            InboxMode::History => Look::History,
+            _ => Look::Peek,
         };
         if call.gone.is_cancelled() {
             return Err(PhoneError::CallerGone);
@@ -605,17 +621,11 @@ fn inbox(polled: store::Polled, mode: InboxMode) -> Option<(i64, Inbox)> {
             m.leased_until = None;
         }
     }
-    // The count saw the snapshot before this poll, where what it just
-    // took was still available. Peek and history take nothing.
-    let taken = match mode {
-        InboxMode::Read | InboxMode::Lease { .. } => messages.len() as i64,
-        InboxMode::Peek | InboxMode::History => 0,
-    };
     Some((
         me_id,
         Inbox {
             messages,
-            unread_remaining: (polled.waiting - taken).clamp(0, UNREAD_COUNT_CAP),
+            unread_remaining: polled.waiting.clamp(0, UNREAD_COUNT_CAP),
         },
     ))
 }

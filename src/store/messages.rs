@@ -21,7 +21,8 @@ pub struct Polled {
     pub me_id: Option<i64>,
     /// What the poll returned, in its order.
     pub messages: Vec<Message>,
-    /// Unread messages before the poll took any (capped: see the poll).
+    /// Unread messages still available after the poll (capped: see the
+    /// poll).
     pub waiting: i64,
 }
 
@@ -137,12 +138,9 @@ pub async fn by_idempotency_key(
         }))
 }
 
-/// A poll that runs on its own (read polls are batched).
+/// A poll that takes nothing (polls that take mail are batched).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Look {
-    /// Hands the oldest available messages out for `seconds`; one already
-    /// leased `max_deliveries` times dies instead.
-    Lease { seconds: u32, max_deliveries: u32 },
     /// The oldest available messages, changing nothing.
     Peek,
     /// The most recent messages, read or not, newest first; changes nothing.
@@ -161,8 +159,7 @@ fn count_waiting(limit: &str) -> String {
 }
 
 /// The statements of [`Look`]. `$1` token digest, `$2` claimed name, `$3`
-/// limit, `$4` count cap, `$5` lease seconds and `$6` max deliveries (lease
-/// only). One row per
+/// limit, `$4` count cap. One row per
 /// message (or one without), each with `me_id` and `waiting`. Indexes:
 /// `messages_unread_idx` (available mail), `messages_inbox_cover_idx`
 /// (history, as a key range).
@@ -201,49 +198,11 @@ fn look_sql(look: Look) -> String {
              ORDER BY m.id",
             waiting = count_waiting("$3 + $4")
         ),
-        // Locks the oldest available messages and updates them in one
-        // statement; SKIP LOCKED lets concurrent pollers of one inbox, on
-        // any replica, take disjoint messages.
-        // A message handed out `$6` times already dies instead of going
-        // out again: it stays (dead_at), and stops coming back.
-        Look::Lease { .. } => format!(
-            "WITH {me},
-             picked AS (
-                 SELECT p.id, p.delivery_count FROM me CROSS JOIN LATERAL (
-                     SELECT m.id, m.delivery_count FROM messages m WHERE {available}
-                     ORDER BY {INBOX_ORDER} LIMIT $3 FOR UPDATE SKIP LOCKED) p),
-             taken AS (
-                 UPDATE messages m
-                 SET leased_until = now() + make_interval(secs => $5),
-                     delivery_count = m.delivery_count + 1
-                 WHERE m.id = ANY (ARRAY(SELECT id FROM picked WHERE delivery_count < $6))
-                 RETURNING {POLLED_FIELDS}),
-             buried AS (
-                 UPDATE messages m SET dead_at = now(), leased_until = NULL
-                 WHERE m.id = ANY (ARRAY(SELECT id FROM picked WHERE delivery_count >= $6))
-                 RETURNING m.id),
-             waiting AS ({waiting})
-             SELECT me.id AS me_id, {columns},
-                    waiting.n - (SELECT count(*) FROM buried) AS waiting
-             FROM me CROSS JOIN waiting
-             LEFT JOIN taken m ON true
-             {SENDER_LOOKUP}
-             ORDER BY m.id",
-            waiting = count_waiting("$3 + $4")
-        ),
     }
 }
 
-static LOOK_SQL: LazyLock<[String; 3]> = LazyLock::new(|| {
-    [
-        look_sql(Look::Lease {
-            seconds: 0,
-            max_deliveries: 0,
-        }),
-        look_sql(Look::Peek),
-        look_sql(Look::History),
-    ]
-});
+static LOOK_SQL: LazyLock<[String; 2]> =
+    LazyLock::new(|| [look_sql(Look::Peek), look_sql(Look::History)]);
 
 /// One poll of `look` for the caller `token_hash`/`claimed`: at most `limit`
 /// messages; `waiting` counts up to `cap` beyond them.
@@ -256,29 +215,13 @@ pub async fn look(
     cap: i64,
 ) -> Result<Polled, StoreError> {
     let sql = match look {
-        Look::Lease { .. } => &LOOK_SQL[0],
-        Look::Peek => &LOOK_SQL[1],
-        Look::History => &LOOK_SQL[2],
+        Look::Peek => &LOOK_SQL[0],
+        Look::History => &LOOK_SQL[1],
     };
     let stmt = db.prepare_cached(sql).await?;
-    let rows = match look {
-        Look::Lease {
-            seconds,
-            max_deliveries,
-        } => {
-            let seconds = f64::from(seconds);
-            let max = i32::try_from(max_deliveries).unwrap_or(i32::MAX);
-            db.query(
-                &stmt,
-                &[&token_hash, &claimed, &limit, &cap, &seconds, &max],
-            )
-            .await?
-        }
-        Look::Peek | Look::History => {
-            db.query(&stmt, &[&token_hash, &claimed, &limit, &cap])
-                .await?
-        }
-    };
+    let rows = db
+        .query(&stmt, &[&token_hash, &claimed, &limit, &cap])
+        .await?;
     let mut polled = Polled::default();
     for row in &rows {
         polled.add_row(row);

@@ -29,7 +29,7 @@ use std::{sync::Arc, time::Duration};
 use tokio_util::sync::CancellationToken;
 
 pub use batch::{
-    poll::QueuedPoll,
+    poll::{Lease, QueuedPoll},
     send::{QueuedSend, SendOutcome, Stored},
 };
 pub use error::{POOL_BUSY, StoreError};
@@ -137,11 +137,11 @@ impl Store {
         self.mail.send(send, gone).await
     }
 
-    /// Takes the oldest unread messages of one inbox and marks them read,
-    /// together with the other calls in flight.
+    /// Takes the oldest available messages of one inbox (read or lease),
+    /// together with the other calls in flight, the same inbox's included.
     /// A poll whose caller left before its statement began takes nothing;
     /// one whose request was dropped while it ran gives its messages back.
-    pub async fn poll_read(
+    pub async fn poll(
         &self,
         poll: QueuedPoll,
         gone: CancellationToken,

@@ -47,15 +47,6 @@ impl Write for MailWrite {
     type Item = MailCall;
     type Outcome = MailDone;
 
-    /// Two polls of one inbox in one statement would lock the same rows
-    /// (a transaction does not skip its own locks) and take the same messages.
-    fn exclusive_key(call: &MailCall) -> Option<[u8; 32]> {
-        match call {
-            MailCall::Poll(poll) => Some(poll.token),
-            MailCall::Send(_) => None,
-        }
-    }
-
     /// One statement for the whole batch; one outcome per call, in order.
     /// It also wakes the recipients of earlier batches (committed before it
     /// began); its own recipients wait for a later statement.
@@ -89,6 +80,17 @@ impl Write for MailWrite {
         let poll_tokens: Vec<&[u8]> = polls.iter().map(|p| p.token.as_slice()).collect();
         let poll_claimed: Vec<Option<&str>> = polls.iter().map(|p| p.claimed.as_deref()).collect();
         let limits: Vec<i64> = polls.iter().map(|p| p.limit).collect();
+        let lease_secs: Vec<Option<f64>> = polls
+            .iter()
+            .map(|p| p.lease.map(|l| f64::from(l.seconds)))
+            .collect();
+        let max_deliveries: Vec<Option<i32>> = polls
+            .iter()
+            .map(|p| {
+                p.lease
+                    .map(|l| i32::try_from(l.max_deliveries).unwrap_or(i32::MAX))
+            })
+            .collect();
         let to_wake = self.wakes.take();
         let rows = match client
             .query(
@@ -108,6 +110,8 @@ impl Write for MailWrite {
                     &limits,
                     &self.cap,
                     &to_wake,
+                    &lease_secs,
+                    &max_deliveries,
                 ],
             )
             .await
@@ -249,7 +253,8 @@ impl super::Batcher<MailWrite> {
 }
 
 /// The mail statement, built once. `$1`-`$9` the sends (see `sends`),
-/// `$10` token digests, `$11` claimed names, `$12` limits of the polls
+/// `$10` token digests, `$11` claimed names, `$12` limits, `$15` lease
+/// seconds and `$16` max deliveries (NULL for read polls) of the polls
 /// (arrays, one element per call), `$13` the unread count's cap, `$14`
 /// recipients of committed sends to wake: which of them wait comes back as
 /// rows with a NULL `is_poll` (the one-time filter on `preq` runs the check
@@ -270,15 +275,16 @@ static MAIL_BATCH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
         "WITH woken AS ({woken}),
          {sends},
          preq AS (
-             SELECT * FROM unnest((SELECT $10::bytea[]), (SELECT $11::text[]), (SELECT $12::bigint[]))
-                 WITH ORDINALITY AS r(token, claimed, lim, ord)
+             SELECT * FROM unnest((SELECT $10::bytea[]), (SELECT $11::text[]), (SELECT $12::bigint[]),
+                                  (SELECT $15::float8[]), (SELECT $16::int[]))
+                 WITH ORDINALITY AS r(token, claimed, lim, lease_secs, max_deliveries, ord)
              WHERE (SELECT ids FROM woken) IS NOT NULL),
          {polls},
          touched AS ({touch})
          SELECT true AS is_poll, me.ord, me.id AS me_id, {columns},
-                waiting.n AS waiting, NULL::bigint AS recipient_id
+                waiting.n - waiting.taken AS waiting, NULL::bigint AS recipient_id
          FROM me
-         JOIN waiting ON waiting.ord = me.ord
+         JOIN waiting ON waiting.agent = me.id
          LEFT JOIN (SELECT picked.ord, taken.* FROM taken JOIN picked ON picked.id = taken.id) m
              ON m.ord = me.ord
          {SENDER_LOOKUP}

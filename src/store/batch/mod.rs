@@ -15,7 +15,7 @@ pub(crate) mod poll;
 pub(crate) mod send;
 
 use std::{
-    collections::{HashSet, VecDeque},
+    collections::VecDeque,
     sync::{Arc, Mutex},
 };
 
@@ -51,12 +51,6 @@ const STALLED_AFTER: std::time::Duration = std::time::Duration::from_millis(100)
 pub(crate) trait Write: Send + Sync + 'static {
     type Item: Send + 'static;
     type Outcome: Send + 'static;
-
-    /// Calls with the same key never share a statement (two polls of one
-    /// inbox in one statement would take the same messages).
-    fn exclusive_key(_item: &Self::Item) -> Option<[u8; 32]> {
-        None
-    }
 
     /// One outcome per item, in order.
     fn write(
@@ -408,12 +402,9 @@ impl<W: Write> Drop for Running<W> {
 }
 
 /// Up to [`MAX_BATCH`] calls from the front of the queue, in order; a call
-/// whose exclusive key is already in the batch waits for the next one, and
-/// a call whose caller has gone is answered and left out.
+/// whose caller has gone is answered and left out.
 fn take_batch<W: Write>(waiting: &mut VecDeque<Queued<W>>) -> Vec<Queued<W>> {
     let mut batch = Vec::with_capacity(waiting.len().min(MAX_BATCH));
-    let mut keys = HashSet::new();
-    let mut deferred = VecDeque::new();
     while batch.len() < MAX_BATCH {
         let Some(entry) = waiting.pop_front() else {
             break;
@@ -423,14 +414,8 @@ fn take_batch<W: Write>(waiting: &mut VecDeque<Queued<W>>) -> Vec<Queued<W>> {
             let _ = entry.reply.send(Err(StoreError::CallerGone));
             continue;
         }
-        match W::exclusive_key(&entry.item) {
-            Some(key) if !keys.insert(key) => deferred.push_back(entry),
-            _ => batch.push(entry),
-        }
+        batch.push(entry);
     }
-    // Deferred calls keep their place at the front.
-    deferred.append(waiting);
-    *waiting = deferred;
     batch
 }
 

@@ -4,50 +4,102 @@
 
 use crate::store::fragments::{INBOX_ORDER, POLLED_FIELDS, available_to, caller_by_token};
 
-/// One read poll. Not `Debug`: it holds a token digest.
+/// One poll that takes mail: read mode (marks read), or lease mode (hands
+/// out for `lease_seconds`, at most `max_deliveries` times in all). Not
+/// `Debug`: it holds a token digest.
 #[derive(Clone)]
 pub struct QueuedPoll {
     pub token: [u8; 32],
     pub claimed: Option<String>,
     pub limit: i64,
+    /// `Some` for a lease: its seconds and the most deliveries a message
+    /// may have had before this one (it dies instead).
+    pub lease: Option<Lease>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Lease {
+    pub seconds: u32,
+    pub max_deliveries: u32,
 }
 
 /// The polls' CTEs of the mail statement, after `preq` (the polls: token,
-/// claimed, lim, ord): `me` the callers, `picked` and `taken` the messages
-/// taken and marked read, `waiting` each inbox's unread count (`$13` caps
-/// it). Lookups are LATERAL with OFFSET 0: one index probe per poll whatever
-/// the planner thinks of the array. The messages taken are updated by
-/// primary key from an array, so no plan can join them by scanning
-/// `messages` (a generic plan did, once one inbox held most unread mail);
-/// with nothing picked (a batch of sends only) that update does not run.
+/// claimed, lim, lease_secs, max_deliveries, ord): `me` the callers;
+/// `inboxes` each inbox polled, with how many messages its polls want in
+/// all; `pool` that many of its oldest available messages, locked (SKIP
+/// LOCKED, so statements on any replica take disjoint messages) in one go
+/// per inbox, numbered; `picked` each poll's own share of its inbox's pool,
+/// in the polls' order. Polls of one inbox thus share the statement
+/// without locking each other's rows (a transaction does not skip its own
+/// locks: one lock request per inbox). `read_taken` marks read polls' shares
+/// read, `lease_taken` leases the others', `buried` ends messages already
+/// leased `max_deliveries` times; `waiting` counts each inbox's available
+/// mail before the statement (`$13` caps it beyond what was asked) and what
+/// its polls took.
+///
+/// Lookups are LATERAL with OFFSET 0: one index probe per poll whatever the
+/// planner thinks of the arrays. Updates find their rows by primary key
+/// from arrays, so no plan can join them by scanning `messages` (a generic
+/// plan did, once one inbox held most unread mail); one-time filters keep
+/// the updates of a kind no poll asked for from running at all.
 pub(super) fn polls() -> String {
     let caller = caller_by_token("r.token", "r.claimed");
-    let available = available_to("me.id");
+    let available = available_to("i.agent");
     format!(
         "me AS (
-             SELECT r.ord, r.lim, a.id, a.name, a.last_seen_at
+             SELECT r.ord, r.lim, r.lease_secs, r.max_deliveries, a.id, a.name, a.last_seen_at
              FROM preq r
              CROSS JOIN LATERAL (
                  SELECT id, name, last_seen_at FROM agents
                  WHERE {caller}
                  OFFSET 0) a),
-         picked AS (
-             SELECT me.ord, p.id
-             FROM me
+         inboxes AS MATERIALIZED (
+             SELECT id AS agent, sum(lim)::bigint AS total FROM me GROUP BY id),
+         pool AS MATERIALIZED (
+             SELECT i.agent, p.id, p.delivery_count,
+                    row_number() OVER (PARTITION BY i.agent ORDER BY p.id) AS n
+             FROM inboxes i
              CROSS JOIN LATERAL (
-                 SELECT m.id FROM messages m WHERE {available}
-                 ORDER BY {INBOX_ORDER} LIMIT me.lim FOR UPDATE SKIP LOCKED) p),
-         taken AS (
+                 SELECT m.id, m.delivery_count FROM messages m WHERE {available}
+                 ORDER BY {INBOX_ORDER} LIMIT i.total FOR UPDATE SKIP LOCKED) p),
+         shares AS (
+             SELECT me.ord, me.id AS agent, me.lim, me.lease_secs, me.max_deliveries,
+                    coalesce(sum(me.lim) OVER (PARTITION BY me.id ORDER BY me.ord
+                                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS skip
+             FROM me),
+         picked AS MATERIALIZED (
+             SELECT s.ord, s.lease_secs, s.max_deliveries, p.id, p.delivery_count
+             FROM shares s JOIN pool p ON p.agent = s.agent AND p.n > s.skip AND p.n <= s.skip + s.lim),
+         read_taken AS (
              UPDATE messages m SET read_at = now(), leased_until = NULL,
                                    delivery_count = m.delivery_count + 1
-             WHERE m.id = ANY (ARRAY(SELECT id FROM picked)) AND EXISTS (SELECT FROM picked)
+             WHERE m.id = ANY (ARRAY(SELECT id FROM picked WHERE lease_secs IS NULL))
+               AND EXISTS (SELECT FROM picked WHERE lease_secs IS NULL)
              RETURNING {POLLED_FIELDS}),
+         lease_taken AS (
+             UPDATE messages m
+             SET leased_until = now() + make_interval(secs => (
+                     SELECT p.lease_secs FROM picked p WHERE p.id = m.id)),
+                 delivery_count = m.delivery_count + 1
+             WHERE m.id = ANY (ARRAY(SELECT id FROM picked
+                                     WHERE lease_secs IS NOT NULL AND delivery_count < max_deliveries))
+               AND EXISTS (SELECT FROM picked WHERE lease_secs IS NOT NULL)
+             RETURNING {POLLED_FIELDS}),
+         buried AS (
+             UPDATE messages m SET dead_at = now(), leased_until = NULL
+             WHERE m.id = ANY (ARRAY(SELECT id FROM picked
+                                     WHERE lease_secs IS NOT NULL AND delivery_count >= max_deliveries))
+               AND EXISTS (SELECT FROM picked WHERE lease_secs IS NOT NULL)
+             RETURNING m.id),
+         taken AS (
+             SELECT * FROM read_taken UNION ALL SELECT * FROM lease_taken),
          waiting AS MATERIALIZED (
-             SELECT me.ord,
+             SELECT i.agent,
                     (SELECT count(*) FROM (
                          SELECT 1 FROM messages m WHERE {available}
-                         ORDER BY {INBOX_ORDER} LIMIT me.lim + $13) w) AS n
-             FROM me)"
+                         ORDER BY {INBOX_ORDER} LIMIT i.total + $13) w) AS n,
+                    (SELECT count(*) FROM pool p WHERE p.agent = i.agent) AS taken
+             FROM inboxes i)"
     )
 }
 
