@@ -1,4 +1,4 @@
-.PHONY: run test db-stop build clean bench bench-quick cluster cluster-stop chaos demo-data
+.PHONY: run test db-stop build clean bench bench-quick cluster cluster-stop chaos demo-data image image-check
 
 ## run: build and start the server on :3000 (a private PostgreSQL under ./data/ unless DATABASE_URL is set)
 run:
@@ -41,3 +41,11 @@ bench:
 ## bench-quick: the same in under 2 minutes, smaller sizes (same as make bench ARGS=--quick)
 bench-quick:
 	@PHONE_BENCH_COMMAND="make bench-quick $(ARGS)" bench/run.sh --quick $(ARGS)
+
+## image: build the container image (Dockerfile) with podman, on local stand-ins for the Docker Hub base images
+image:
+	@scripts/image.sh build
+
+## image-check: build the image and run it against a private PostgreSQL: health, the seed's flow, non-root, SIGTERM exits 0
+image-check:
+	@scripts/image.sh check
