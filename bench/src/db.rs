@@ -839,6 +839,19 @@ pub fn pgbench_start(
         ),
     )
     .map_err(|e| format!("write pgbench script: {e}"))?;
+    pgbench_spawn(bin, host, port, database, clients, secs, script)
+}
+
+/// `pgbench -n -M prepared` of `script` with `clients` clients for `secs`.
+fn pgbench_spawn(
+    bin: &Path,
+    host: &str,
+    port: u16,
+    database: &str,
+    clients: usize,
+    secs: u64,
+    script: &Path,
+) -> Result<tokio::process::Child, String> {
     tokio::process::Command::new(bin.join("pgbench"))
         .args(["-n", "-M", "prepared", "-h", host, "-U", "postgres"])
         .arg("-p")
@@ -857,6 +870,105 @@ pub fn pgbench_start(
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| format!("run pgbench: {e}"))
+}
+
+/// The popular inbox's baseline: `clients` pgbench clients on one
+/// recipient `hot`, the even ones senders (client k is agent
+/// `sender_base + (k/2) % senders`), the odd ones pollers, like the
+/// bench's closed loop. A send is the mix baseline's INSERT; a poll its
+/// `UPDATE … SKIP LOCKED … RETURNING` with the one recipient. With a lease
+/// (`Some(seconds)`), the poll leases instead (`leased_until`,
+/// `delivery_count`) and, when it took any, a second statement
+/// acknowledges them by id (`acked_at`, `read_at`), as `phone_ack` does.
+/// Each statement is its own autocommit transaction.
+#[allow(clippy::too_many_arguments)]
+pub fn pgbench_hot_start(
+    bin: &Path,
+    host: &str,
+    port: u16,
+    database: &str,
+    hot: i64,
+    sender_base: i64,
+    senders: usize,
+    lease: Option<u32>,
+    clients: usize,
+    secs: u64,
+    script: &Path,
+) -> Result<tokio::process::Child, String> {
+    std::fs::write(script, hot_script(hot, sender_base, senders, lease))
+        .map_err(|e| format!("write pgbench script: {e}"))?;
+    pgbench_spawn(bin, host, port, database, clients, secs, script)
+}
+
+/// The pgbench script of `pgbench_hot_start`.
+pub fn hot_script(hot: i64, sender_base: i64, senders: usize, lease: Option<u32>) -> String {
+    let body = crate::load::BODY;
+    let send = format!(
+        "\\set s {sender_base} + (:client_id / 2) % {senders}\n\
+         INSERT INTO messages (id, sender_id, recipient_id, body, thread_id) SELECT n, :s, {hot}, '{body}', n FROM nextval('messages_id_seq') AS n;\n"
+    );
+    let poll = match lease {
+        None => format!(
+            "UPDATE messages SET read_at = now() WHERE id IN (SELECT id FROM messages WHERE recipient_id = {hot} AND read_at IS NULL ORDER BY id LIMIT 10 FOR UPDATE SKIP LOCKED) RETURNING id, sender_id, subject, body, reply_to, thread_id, sent_at;\n"
+        ),
+        Some(secs) => format!(
+            "WITH l AS (UPDATE messages SET leased_until = now() + interval '{secs} seconds', delivery_count = delivery_count + 1 WHERE id IN (SELECT id FROM messages WHERE recipient_id = {hot} AND read_at IS NULL AND dead_at IS NULL AND (leased_until IS NULL OR leased_until <= now()) ORDER BY id LIMIT 10 FOR UPDATE SKIP LOCKED) RETURNING id, sender_id, subject, body, reply_to, thread_id, sent_at, delivery_count) SELECT count(*) AS n, coalesce(array_agg(id), '{{}}') AS ids FROM l \\gset\n\
+             \\if :n > 0\n\
+             UPDATE messages SET acked_at = now(), read_at = now(), leased_until = NULL WHERE id = ANY (:ids::bigint[]) AND recipient_id = {hot} AND acked_at IS NULL;\n\
+             \\endif\n"
+        ),
+    };
+    format!("\\if :client_id % 2 = 0\n{send}\\else\n{poll}\\endif\n")
+}
+
+/// Messages to `recipient` sent, and read (in lease mode: acknowledged,
+/// which sets `read_at` too), inside a time window.
+pub async fn count_inbox_window(
+    db: &Client,
+    recipient: i64,
+    from: chrono::DateTime<chrono::Utc>,
+    to: chrono::DateTime<chrono::Utc>,
+) -> Result<(i64, i64), String> {
+    let row = db
+        .query_one(
+            "SELECT count(*) FILTER (WHERE sent_at >= $2 AND sent_at < $3),
+                    count(*) FILTER (WHERE read_at >= $2 AND read_at < $3)
+             FROM messages WHERE recipient_id = $1",
+            &[&recipient, &from, &to],
+        )
+        .await
+        .map_err(|e| format!("count messages: {}", pg_err(&e)))?;
+    Ok((row.get(0), row.get(1)))
+}
+
+/// One message of an inbox as the database holds it.
+#[derive(Clone, Copy, Debug)]
+pub struct InboxRow {
+    pub id: i64,
+    pub read: bool,
+    pub acked: bool,
+    pub deliveries: i32,
+}
+
+/// Every message addressed to `recipient`.
+pub async fn inbox_rows(db: &Client, recipient: i64) -> Result<Vec<InboxRow>, String> {
+    let rows = db
+        .query(
+            "SELECT id, read_at IS NOT NULL, acked_at IS NOT NULL, delivery_count
+             FROM messages WHERE recipient_id = $1",
+            &[&recipient],
+        )
+        .await
+        .map_err(|e| format!("inbox rows: {}", pg_err(&e)))?;
+    Ok(rows
+        .iter()
+        .map(|r| InboxRow {
+            id: r.get(0),
+            read: r.get(1),
+            acked: r.get(2),
+            deliveries: r.get(3),
+        })
+        .collect())
 }
 
 pub async fn pgbench_finish(

@@ -8,7 +8,7 @@
 //!   phone-bench run [--quick] [--pg-port 25432] [--pg-dir data/bench-pg]
 //!                   [--out bench/RESULTS.md] [--command "make bench"]
 //!                   [--pool-size 16] [--base-port 3101]
-//!                   [--only mix,rate,wake,search,growth,fsync]
+//!                   [--only mix,rate,hot,wake,search,growth,fsync]
 
 mod db;
 mod load;
@@ -56,6 +56,11 @@ struct Mode {
     /// Rounds per wake-up pair, and the most time they may take.
     wake_rounds: usize,
     wake_pairs_secs: Duration,
+    /// The popular inbox: each closed-loop run (server or pgbench) and the
+    /// fixed-rate run, and the time the phase may take.
+    hot_warmup: Duration,
+    hot_measure: Duration,
+    hot_allowance: Duration,
     budget: Duration,
 }
 
@@ -75,6 +80,9 @@ impl Mode {
                 wake_warmup: Duration::from_millis(300),
                 wake_rounds: 16,
                 wake_pairs_secs: Duration::from_secs(8),
+                hot_warmup: Duration::from_secs(1),
+                hot_measure: Duration::from_secs(4),
+                hot_allowance: Duration::from_secs(60),
                 budget: Duration::from_secs(115),
             }
         } else {
@@ -91,6 +99,9 @@ impl Mode {
                 wake_warmup: Duration::from_secs(1),
                 wake_rounds: 40,
                 wake_pairs_secs: Duration::from_secs(20),
+                hot_warmup: Duration::from_secs(2),
+                hot_measure: Duration::from_secs(8),
+                hot_allowance: Duration::from_secs(150),
                 budget: Duration::from_secs(570),
             }
         }
@@ -134,6 +145,18 @@ const WAKE_ARM_EVERY: Duration = Duration::from_millis(2);
 const MAIL_CHANNEL: &str = "phone_mail";
 /// pg_stat_activity sampling during the send-rate windows.
 const WAIT_SAMPLE_EVERY: Duration = Duration::from_millis(50);
+const DB_HOT: &str = "phone_bench_hot";
+/// Senders of the popular inbox: half of the largest concurrency.
+const HOT_SENDERS: usize = 32;
+/// Recipients, one per run (server, pgbench, fixed rate), never reused.
+const HOT_RECIPIENTS: usize = 16;
+/// The lease mode's `lease_seconds`: longer than any run, so a message
+/// handed out twice is a duplicate, not a lease that expired.
+const HOT_LEASE_SECS: u32 = 60;
+/// Connections of the popular inbox's fixed-rate run (as in `rate`).
+const HOT_RATE_CONNECTIONS: usize = 64;
+/// Longest the drain after a run may take.
+const HOT_DRAIN_SECS: u64 = 30;
 
 fn main() -> ExitCode {
     let opts = match parse_args() {
@@ -595,6 +618,205 @@ impl Once {
     }
 }
 
+/// Exactly once for one popular-inbox run, from what the bench saw (ids
+/// the sends returned, ids the polls handed out, ids the acknowledgements
+/// confirmed; the drain after the run included) against every message of
+/// the run's recipient in the database after the drain.
+#[derive(Clone, Copy, Debug, Default)]
+struct HotOnce {
+    lease: bool,
+    sent: usize,
+    stored: usize,
+    /// Send responses whose id the database does not hold.
+    not_stored: usize,
+    handed_out: usize,
+    /// Read mode: ids handed out more than once. Lease mode: ids handed
+    /// out again while an earlier lease of theirs was live.
+    duplicates: usize,
+    /// Lease mode: handed out again after the earlier lease expired.
+    released: usize,
+    acked: usize,
+    /// Lease mode: ids acknowledged by more than one `phone_ack`.
+    double_acked: usize,
+    /// Stored messages never delivered (read: never handed out; lease:
+    /// never acknowledged), plus sends that were not stored.
+    lost: usize,
+    /// The database after the drain: messages still unread (read mode)
+    /// or unacknowledged (lease mode), and messages leased more than once.
+    undelivered_db: usize,
+    redelivered_db: usize,
+    /// Messages the drain took after the run (the backlog at its end).
+    drained: u64,
+}
+
+impl HotOnce {
+    fn check(
+        lease: Option<u32>,
+        out: &load::HotOutcome,
+        rows: &[db::InboxRow],
+        drained: u64,
+    ) -> Self {
+        let db_ids: HashSet<i64> = rows.iter().map(|r| r.id).collect();
+        let mut handed: Vec<(i64, tokio::time::Instant)> =
+            out.handouts.iter().map(|h| (h.id, h.at)).collect();
+        handed.sort_unstable();
+        let (mut duplicates, mut released) = (0, 0);
+        for pair in handed.windows(2) {
+            if pair[0].0 != pair[1].0 {
+                continue;
+            }
+            match lease {
+                Some(secs) if pair[1].1 - pair[0].1 >= Duration::from_secs(u64::from(secs)) => {
+                    released += 1
+                }
+                _ => duplicates += 1,
+            }
+        }
+        let handed_ids: HashSet<i64> = handed.iter().map(|h| h.0).collect();
+        let acked_ids: HashSet<i64> = out.acked_ids.iter().copied().collect();
+        let delivered = if lease.is_some() {
+            &acked_ids
+        } else {
+            &handed_ids
+        };
+        let not_stored = out
+            .sent_ids
+            .iter()
+            .filter(|id| !db_ids.contains(id))
+            .count();
+        HotOnce {
+            lease: lease.is_some(),
+            sent: out.sent_ids.len(),
+            stored: rows.len(),
+            not_stored,
+            handed_out: handed.len(),
+            duplicates,
+            released,
+            acked: out.acked_ids.len(),
+            double_acked: out.acked_ids.len() - acked_ids.len(),
+            lost: db_ids.iter().filter(|id| !delivered.contains(id)).count() + not_stored,
+            undelivered_db: rows
+                .iter()
+                .filter(|r| if lease.is_some() { !r.acked } else { !r.read })
+                .count(),
+            redelivered_db: rows.iter().filter(|r| r.deliveries > 1).count(),
+            drained,
+        }
+    }
+
+    fn ok(&self) -> bool {
+        self.stored > 0
+            && self.not_stored == 0
+            && self.duplicates == 0
+            && self.double_acked == 0
+            && self.lost == 0
+            && self.undelivered_db == 0
+    }
+
+    fn describe(&self) -> String {
+        let mut s = format!(
+            "{} lost, {} duplicated",
+            self.lost,
+            self.duplicates + self.double_acked
+        );
+        if self.lease {
+            let _ = write!(
+                s,
+                " ({} sent, {} stored, {} handed out, {} acknowledged, {} acknowledged twice, {} re-leased after expiry, {} unacknowledged in the DB",
+                self.sent,
+                self.stored,
+                self.handed_out,
+                self.acked,
+                self.double_acked,
+                self.released,
+                self.undelivered_db
+            );
+        } else {
+            let _ = write!(
+                s,
+                " ({} sent, {} stored, {} handed out, {} unread in the DB",
+                self.sent, self.stored, self.handed_out, self.undelivered_db
+            );
+        }
+        let _ = write!(
+            s,
+            ", {} leased or read more than once per the DB; {} drained after the run",
+            self.redelivered_db, self.drained
+        );
+        if self.not_stored > 0 {
+            let _ = write!(s, "; {} sends answered but not stored", self.not_stored);
+        }
+        s.push(')');
+        s
+    }
+}
+
+/// One popular-inbox run against the server.
+struct HotRow {
+    lease: bool,
+    replicas: usize,
+    concurrency: usize,
+    secs: f64,
+    /// From the database: messages to the recipient sent, and read (lease
+    /// mode: acknowledged), inside the measured window.
+    sent_db: i64,
+    read_db: i64,
+    sends_ok: u64,
+    polls_ok: u64,
+    acks_ok: u64,
+    empty_polls: u64,
+    messages_returned: u64,
+    send: Summary,
+    poll: Summary,
+    ack: Summary,
+    errors: String,
+    error_count: u64,
+    error_examples: Vec<String>,
+    once: HotOnce,
+    /// Statements the database ran per tool call, warm-up included.
+    statements_per_call: Option<f64>,
+    cpu: CpuUse,
+    /// Messages/s of the pgbench run of the same shape (mode, clients).
+    baseline: Option<f64>,
+}
+
+impl HotRow {
+    fn messages_per_s(&self) -> f64 {
+        (self.sent_db + self.read_db) as f64 / self.secs
+    }
+    fn calls_per_s(&self) -> f64 {
+        (self.sends_ok + self.polls_ok + self.acks_ok) as f64 / self.secs
+    }
+    fn ratio(&self) -> f64 {
+        match self.baseline {
+            Some(b) if b > 0.0 => self.messages_per_s() / b,
+            _ => 0.0,
+        }
+    }
+    fn mode(&self) -> &'static str {
+        if self.lease { "lease + ack" } else { "read" }
+    }
+}
+
+/// The pgbench run of one popular-inbox shape.
+struct HotBase {
+    lease: bool,
+    clients: usize,
+    secs: f64,
+    sent_db: i64,
+    read_db: i64,
+    tps: f64,
+    failed: u64,
+    latency_ms: f64,
+    cpu: CpuUse,
+}
+
+impl HotBase {
+    fn messages_per_s(&self) -> f64 {
+        (self.sent_db + self.read_db) as f64 / self.secs
+    }
+}
+
 #[derive(Default)]
 struct WakeReport {
     latency: Vec<WakeLatRow>,
@@ -627,6 +849,9 @@ struct Report {
     growth: Vec<GrowthRow>,
     growth_seed_secs: f64,
     wake: Option<WakeReport>,
+    hot: Vec<HotRow>,
+    hot_base: Vec<HotBase>,
+    hot_rate: Option<RateRow>,
     mem: Vec<MemRow>,
     skipped: Vec<String>,
 }
@@ -635,8 +860,12 @@ struct Report {
 
 async fn run(opts: Opts) -> Result<(), String> {
     let t0 = Instant::now();
-    let mode = Mode::new(opts.quick);
+    let mut mode = Mode::new(opts.quick);
     let wants = |phase: &str| opts.only.as_ref().is_none_or(|s| s.contains(phase));
+    // The popular inbox brings its own time: the later phases keep theirs.
+    if wants("hot") {
+        mode.budget += mode.hot_allowance;
+    }
     let hz = stats::clock_ticks_per_sec();
     let started_at = chrono::Utc::now();
     let loadavg_start = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
@@ -834,6 +1063,10 @@ async fn run(opts: Opts) -> Result<(), String> {
             }
             stop_replicas(replicas).await;
         }
+    }
+
+    if wants("hot") {
+        hot_phase(&opts, &mode, &admin, &mut report, t0, postmaster, hz).await?;
     }
 
     if wants("wake") {
@@ -1973,6 +2206,417 @@ async fn wake_pairs(
     Ok((row, out))
 }
 
+/// The popular inbox: one recipient, written to by many senders and
+/// polled by many pollers at once (read mode, then lease mode with one
+/// `phone_ack` per poll), at 1 and 3 replicas and 16 and 64 connections,
+/// each shape against a pgbench run of the same shape on the same
+/// database (at 1 replica, right before the server's run); then a fixed
+/// rate at half the read mode's peak on 1 replica. Every run has a
+/// recipient of its own, and after each server run a drain empties its
+/// inbox so that exactly once can be checked against the database.
+async fn hot_phase(
+    opts: &Opts,
+    mode: &Mode,
+    admin: &tokio_postgres::Client,
+    report: &mut Report,
+    t0: Instant,
+    postmaster: u32,
+    hz: f64,
+) -> Result<(), String> {
+    let phase_end = Instant::now() + mode.hot_allowance + Duration::from_secs(30);
+    db::recreate_database(admin, DB_HOT).await?;
+    let url = pg_url(opts, DB_HOT);
+    let senders = seeded_agents('k', HOT_SENDERS);
+    let recipients = seeded_agents('h', HOT_RECIPIENTS);
+    let mut recipients = recipients.into_iter();
+    let mut hdb: Option<tokio_postgres::Client> = None;
+    let mut sender_base = 0;
+    for &r in &REPLICAS {
+        let replicas =
+            start_replicas(opts, DB_HOT, r, opts.base_port + 40, &format!("hot-{r}r")).await?;
+        let tg = targets(&replicas);
+        // The schema is the server's: seed once its migrations have run.
+        let hdb = match &mut hdb {
+            Some(c) => &*c,
+            None => {
+                let c = db::connect(&url).await?;
+                db::seed_agents(&c, 'k', "hot", HOT_SENDERS as i64).await?;
+                db::seed_agents(&c, 'h', "hot", HOT_RECIPIENTS as i64).await?;
+                db::each(&c, &["VACUUM (ANALYZE) agents", "CHECKPOINT"]).await?;
+                sender_base = db::consecutive_ids(&c, &names_of(&senders)).await?;
+                &*hdb.insert(c)
+            }
+        };
+        say!(t0, "hot: {r} replica(s) up");
+        let mut peak = 0.0f64;
+        for lease in [false, true] {
+            for &c in &CONCURRENCY {
+                let shape = format!(
+                    "popular inbox, {} mode, {r} replica{}, c={c}",
+                    if lease { "lease" } else { "read" },
+                    if r > 1 { "s" } else { "" }
+                );
+                if opts.quick && lease && r == 3 && c == 64 {
+                    report.skipped.push(format!(
+                        "{shape}: not run in quick mode (keeps the phase near {} s)",
+                        mode.hot_allowance.as_secs()
+                    ));
+                    continue;
+                }
+                if Instant::now() >= phase_end {
+                    report
+                        .skipped
+                        .push(format!("{shape}: the phase's time ran out"));
+                    continue;
+                }
+                let lease_secs = lease.then_some(HOT_LEASE_SECS);
+                if r == 1 {
+                    let recipient = recipients.next().ok_or("out of hot recipients")?;
+                    let hot = db::ids_by_name(hdb, std::slice::from_ref(&recipient.name)).await?[0];
+                    let base = hot_baseline(
+                        opts,
+                        mode,
+                        hdb,
+                        admin,
+                        postmaster,
+                        hz,
+                        (hot, sender_base),
+                        lease_secs,
+                        c,
+                    )
+                    .await?;
+                    say!(
+                        t0,
+                        "hot pgbench {} c={c}: sent {:.0}/s read {:.0}/s ({:.0} tps, {} failed)",
+                        if lease { "lease" } else { "read" },
+                        base.sent_db as f64 / base.secs,
+                        base.read_db as f64 / base.secs,
+                        base.tps,
+                        base.failed
+                    );
+                    report.hot_base.push(base);
+                }
+                let recipient = recipients.next().ok_or("out of hot recipients")?;
+                let mut row = hot_run(
+                    mode,
+                    hdb,
+                    admin,
+                    &replicas,
+                    &tg,
+                    postmaster,
+                    hz,
+                    (&senders, &recipient),
+                    lease_secs,
+                    r,
+                    c,
+                )
+                .await?;
+                row.baseline = report
+                    .hot_base
+                    .iter()
+                    .find(|b| b.lease == lease && b.clients == c)
+                    .map(HotBase::messages_per_s);
+                say!(
+                    t0,
+                    "hot {} r={r} c={c}: sent {:.0}/s delivered {:.0}/s, send p99 {:.1} ms, poll p99 {:.1} ms, errors {}; {:.2}x the baseline; {}",
+                    row.mode(),
+                    row.sent_db as f64 / row.secs,
+                    row.read_db as f64 / row.secs,
+                    row.send.p99,
+                    row.poll.p99,
+                    row.errors,
+                    row.ratio(),
+                    row.once.describe()
+                );
+                if !lease {
+                    peak = peak.max(row.calls_per_s());
+                }
+                report.hot.push(row);
+            }
+        }
+        if r == 1 && peak > 0.0 && Instant::now() < phase_end {
+            let recipient = recipients.next().ok_or("out of hot recipients")?;
+            let row = hot_rate(
+                mode, hdb, admin, &replicas, &tg, postmaster, hz, &senders, &recipient, peak,
+            )
+            .await?;
+            say!(
+                t0,
+                "hot fixed rate r=1: {:.0} calls/s (half of {peak:.0}): p50 {:.2} ms p99 {:.2} ms, errors {}",
+                row.rate,
+                row.all.p50,
+                row.all.p99,
+                row.errors
+            );
+            report.hot_rate = Some(row);
+        }
+        for rep in &replicas {
+            report.mem.push(MemRow {
+                role: rep.role.clone(),
+                idle: rep.idle,
+                loaded: stats::mem(rep.pid).unwrap_or_default(),
+                phase: "popular inbox, read and lease, c=16,64".into(),
+            });
+        }
+        stop_replicas(replicas).await;
+    }
+    Ok(())
+}
+
+/// The pgbench run of one popular-inbox shape (`db::hot_script`), counted
+/// from the database over the same window as the server's runs: pgbench
+/// runs warm-up + measured seconds, and the window starts a warm-up after
+/// it was started (its clients are connected by then).
+#[allow(clippy::too_many_arguments)]
+async fn hot_baseline(
+    opts: &Opts,
+    mode: &Mode,
+    hdb: &tokio_postgres::Client,
+    admin: &tokio_postgres::Client,
+    postmaster: u32,
+    hz: f64,
+    (hot, sender_base): (i64, i64),
+    lease: Option<u32>,
+    clients: usize,
+) -> Result<HotBase, String> {
+    db::each(hdb, &[SETTLE, "CHECKPOINT"]).await?;
+    let secs = (mode.hot_warmup + mode.hot_measure).as_secs();
+    let script = Path::new("data/bench").join(format!(
+        "hot-{}-c{clients}.pgbench",
+        if lease.is_some() { "lease" } else { "read" }
+    ));
+    let wall0 = chrono::Utc::now();
+    let start = tokio::time::Instant::now();
+    let child = db::pgbench_hot_start(
+        &opts.pg_bin,
+        "127.0.0.1",
+        opts.pg_port,
+        DB_HOT,
+        hot,
+        sender_base,
+        (clients / 2).min(HOT_SENDERS),
+        lease,
+        clients,
+        secs,
+        &script,
+    )?;
+    let pid = child.id().unwrap_or(0);
+    let (cpu, _) = sample_window(
+        admin,
+        DB_HOT,
+        &[],
+        postmaster,
+        &[pid],
+        start + mode.hot_warmup,
+        start + mode.hot_warmup + mode.hot_measure,
+        hz,
+    )
+    .await;
+    let pg = db::pgbench_finish(child, secs).await?;
+    let from = wall0 + chrono::Duration::from_std(mode.hot_warmup).unwrap();
+    let to = from + chrono::Duration::from_std(mode.hot_measure).unwrap();
+    let (sent_db, read_db) = db::count_inbox_window(hdb, hot, from, to).await?;
+    Ok(HotBase {
+        lease: lease.is_some(),
+        clients,
+        secs: mode.hot_measure.as_secs_f64(),
+        sent_db,
+        read_db,
+        tps: pg.tps,
+        failed: pg.failed,
+        latency_ms: pg.latency_ms,
+        cpu,
+    })
+}
+
+/// One popular-inbox run against the server, then the drain and the
+/// exactly-once check.
+#[allow(clippy::too_many_arguments)]
+async fn hot_run(
+    mode: &Mode,
+    hdb: &tokio_postgres::Client,
+    admin: &tokio_postgres::Client,
+    replicas: &[Replica],
+    tg: &[Target],
+    postmaster: u32,
+    hz: f64,
+    (senders, recipient): (&[Agent], &Agent),
+    lease: Option<u32>,
+    r: usize,
+    c: usize,
+) -> Result<HotRow, String> {
+    let hot = db::ids_by_name(hdb, std::slice::from_ref(&recipient.name)).await?[0];
+    let hot_mode = match lease {
+        Some(seconds) => load::HotMode::Lease { seconds },
+        None => load::HotMode::Read,
+    };
+    db::each(hdb, &[SETTLE, "CHECKPOINT"]).await?;
+    let pgss = db::statements_reset(admin).await.is_ok();
+    let server_pids = pids(replicas);
+    let start = tokio::time::Instant::now();
+    let wall0 = chrono::Utc::now();
+    let (mut out, (cpu, _)) = tokio::join!(
+        load::hot(
+            tg,
+            &senders[..(c / 2).min(senders.len())],
+            recipient,
+            c,
+            hot_mode,
+            start,
+            mode.hot_warmup,
+            mode.hot_measure
+        ),
+        sample_window(
+            admin,
+            DB_HOT,
+            &server_pids,
+            postmaster,
+            &[],
+            start + mode.hot_warmup,
+            start + mode.hot_warmup + mode.hot_measure,
+            hz
+        ),
+    );
+    let statements_per_call = if pgss {
+        db::statements(admin, DB_HOT).await.ok().map(|xs| {
+            xs.iter().map(|x| x.calls).sum::<i64>() as f64 / out.calls_total.max(1) as f64
+        })
+    } else {
+        None
+    };
+    let from = wall0 + chrono::Duration::from_std(mode.hot_warmup).unwrap();
+    let to = from + chrono::Duration::from_std(mode.hot_measure).unwrap();
+    let (sent_db, read_db) = db::count_inbox_window(hdb, hot, from, to).await?;
+    // What the load's errors were, before the drain adds its own.
+    let (errors, error_count) = (out.errors.describe(), out.errors.total());
+    let error_examples = out.errors.examples.clone();
+    let drained = load::drain(
+        &tg[0],
+        recipient,
+        hot_mode,
+        tokio::time::Instant::now() + Duration::from_secs(HOT_DRAIN_SECS),
+        &mut out,
+    )
+    .await;
+    let rows = db::inbox_rows(hdb, hot).await?;
+    let once = HotOnce::check(lease, &out, &rows, drained);
+    let drain_errors = out.errors.total() - error_count;
+    let (errors, error_count) = if drain_errors > 0 {
+        (
+            format!(
+                "{} + {drain_errors} in the drain ({})",
+                errors,
+                out.errors.describe()
+            ),
+            error_count + drain_errors,
+        )
+    } else {
+        (errors, error_count)
+    };
+    Ok(HotRow {
+        lease: lease.is_some(),
+        replicas: r,
+        concurrency: c,
+        secs: mode.hot_measure.as_secs_f64(),
+        sent_db,
+        read_db,
+        sends_ok: out.sends_ok,
+        polls_ok: out.polls_ok,
+        acks_ok: out.acks_ok,
+        empty_polls: out.empty_polls,
+        messages_returned: out.messages_returned,
+        send: out.send.summary(),
+        poll: out.poll.summary(),
+        ack: out.ack.summary(),
+        errors,
+        error_count,
+        error_examples,
+        once,
+        statements_per_call,
+        cpu,
+        baseline: None,
+    })
+}
+
+/// Open loop at half the read mode's peak (calls/s): requests alternate a
+/// send (the senders in turn) to the popular recipient and a read-mode
+/// poll of its inbox.
+#[allow(clippy::too_many_arguments)]
+async fn hot_rate(
+    mode: &Mode,
+    hdb: &tokio_postgres::Client,
+    admin: &tokio_postgres::Client,
+    replicas: &[Replica],
+    tg: &[Target],
+    postmaster: u32,
+    hz: f64,
+    senders: &[Agent],
+    recipient: &Agent,
+    peak: f64,
+) -> Result<RateRow, String> {
+    let rate = (peak / 2.0).max(10.0);
+    db::each(hdb, &[SETTLE, "CHECKPOINT"]).await?;
+    let tokens: Vec<Arc<str>> = senders
+        .iter()
+        .map(|a| Arc::from(a.token.as_str()))
+        .collect();
+    let me: Arc<str> = Arc::from(recipient.token.as_str());
+    let send_args = serde_json::json!({"to": recipient.name, "body": load::BODY});
+    let poll_args = load::HotMode::Read.poll_args(10);
+    let plan: load::Plan = Arc::new(move |n| {
+        let poll = n % 2 == 1;
+        load::Planned {
+            poll,
+            args: if poll {
+                poll_args.clone()
+            } else {
+                send_args.clone()
+            },
+            token: if poll {
+                me.clone()
+            } else {
+                tokens[((n / 2) as usize) % tokens.len()].clone()
+            },
+        }
+    });
+    let server_pids = pids(replicas);
+    let now = tokio::time::Instant::now();
+    let (out, (cpu, _)) = tokio::join!(
+        load::open_loop_plan(
+            tg,
+            plan,
+            rate,
+            mode.hot_warmup,
+            mode.hot_measure,
+            HOT_RATE_CONNECTIONS
+        ),
+        sample_window(
+            admin,
+            DB_HOT,
+            &server_pids,
+            postmaster,
+            &[],
+            now + mode.hot_warmup,
+            now + mode.hot_warmup + mode.hot_measure,
+            hz
+        ),
+    );
+    Ok(RateRow {
+        replicas: replicas.len(),
+        peak_calls: peak,
+        rate,
+        achieved: out.completed as f64 / out.measured_secs,
+        send: out.send.summary(),
+        inbox: out.inbox.summary(),
+        all: out.all.summary(),
+        service: out.service.summary(),
+        lag: out.dispatch_lag.summary(),
+        errors: out.errors.describe(),
+        error_count: out.errors.total(),
+        other_cores: cpu.other() / cpu.wall.max(1e-9),
+    })
+}
+
 // ---------------------------------------------------------------------------
 // The report
 
@@ -2096,14 +2740,16 @@ fn render(
     );
     let _ = writeln!(
         w,
-        "- Phase lengths: mix {} s measured after {:.1} s warm-up; pgbench {} s; search {:.1} s per category; long polls: {:.1} s windows and sends ({:.1} s warm-up), up to {} rounds per wake-up pair.",
+        "- Phase lengths: mix {} s measured after {:.1} s warm-up; pgbench {} s; search {:.1} s per category; long polls: {:.1} s windows and sends ({:.1} s warm-up), up to {} rounds per wake-up pair; popular inbox {} s measured after {} s warm-up, its pgbench runs as long.",
         mode.measure.as_secs(),
         mode.warmup.as_secs_f64(),
         mode.pgbench_secs,
         mode.search_secs.as_secs_f64(),
         mode.wake_window.as_secs_f64(),
         mode.wake_warmup.as_secs_f64(),
-        mode.wake_rounds
+        mode.wake_rounds,
+        mode.hot_measure.as_secs(),
+        mode.hot_warmup.as_secs()
     );
     let _ = writeln!(
         w,
@@ -2143,6 +2789,46 @@ fn render(
             "| p99 ≤ 10 ms at half of peak ({} replica{}, {:.0} calls/s) | p99 {:.1} ms (send {:.1}, inbox {:.1}), {} errors | {} |",
             x.replicas,
             if x.replicas > 1 { "s" } else { "" },
+            x.rate,
+            x.all.p99,
+            x.send.p99,
+            x.inbox.p99,
+            x.error_count,
+            verdict(worst <= 10.0 && x.error_count == 0)
+        );
+    }
+    for x in &r.hot {
+        let _ = writeln!(
+            w,
+            "| popular inbox ≥ 0.8× raw-SQL baseline of the same shape, 0 errors, exactly once ({}, {} replica{}, c={}: {} senders + {} pollers) | {:.2}× ({:.0} vs {:.0} messages/s, sent + delivered), {} errors, {} | {} |",
+            x.mode(),
+            x.replicas,
+            if x.replicas > 1 { "s" } else { "" },
+            x.concurrency,
+            x.concurrency / 2,
+            x.concurrency / 2,
+            x.ratio(),
+            x.messages_per_s(),
+            x.baseline.unwrap_or(0.0),
+            x.error_count,
+            if x.once.ok() {
+                "0 lost, 0 duplicated".to_owned()
+            } else {
+                format!(
+                    "**{} lost, {} duplicated**",
+                    x.once.lost,
+                    x.once.duplicates + x.once.double_acked
+                )
+            },
+            verdict(x.ratio() >= 0.8 && x.error_count == 0 && x.once.ok())
+        );
+    }
+    if let Some(x) = &r.hot_rate {
+        let worst = x.send.p99.max(x.inbox.p99);
+        let _ = writeln!(
+            w,
+            "| popular inbox p99 ≤ 10 ms at half of peak ({} replica, {:.0} calls/s) | p99 {:.1} ms (send {:.1}, poll {:.1}), {} errors | {} |",
+            x.replicas,
             x.rate,
             x.all.p99,
             x.send.p99,
@@ -2607,7 +3293,166 @@ fn render(
             );
         }
     }
+    if !r.hot.is_empty() || !r.hot_base.is_empty() {
+        render_hot(w, r, mode);
+    }
     s
+}
+
+fn render_hot(w: &mut String, r: &Report, mode: &Mode) {
+    let _ = writeln!(
+        w,
+        "\n## 8. A popular inbox: many senders, many pollers, one recipient\n"
+    );
+    let _ = writeln!(
+        w,
+        "What it measures: one agent whose inbox everyone writes to and many workers drain at once — the shape of a shared work queue — where the mix (sections 1–2) gives every agent an inbox of its own. Its own database; agents bulk-inserted with known tokens ({HOT_SENDERS} senders, and a fresh recipient for every run, server's or pgbench's, so runs never share an inbox). Closed loop on c connections (one each, replicas round robin): c/2 senders, each `phone_send {{to: recipient}}` one after another, and c/2 pollers, each `phone_inbox {{limit: 10, wait_seconds: 0}}` with the recipient's token, **with no pause after an empty poll**: an idle poller polls again at once, so empty polls are part of the load, as they would be for workers that spin (the `empty polls` column says how many). Read mode marks what a poll returns read; lease mode is `mode: lease, lease_seconds: {HOT_LEASE_SECS}`, and each poll that returned messages is followed by one `phone_ack` of all their receipts, so each delivery costs a poll and an ack. Each run: `VACUUM (ANALYZE)` and `CHECKPOINT` first, as in the mix; {} s warm-up, {} s measured. Sent and delivered counts come from the database (messages to the run's recipient with `sent_at` / `read_at` in the measured window; an acknowledgement sets `read_at` too, so in lease mode delivered = acknowledged), not from responses. `left at the end`: the backlog when the load stopped (what the drain took): pollers that keep up leave a handful; pollers that fall behind the sends leave a backlog that grows with the run, and their polls come back full (`messages per poll` 10).\n",
+        mode.hot_warmup.as_secs(),
+        mode.hot_measure.as_secs()
+    );
+    let _ = writeln!(
+        w,
+        "The baseline: `pgbench -M prepared` on the same database, at the same client count, with one script of the same shape: even clients send (the mix baseline's `INSERT`, to the one recipient), odd clients poll it (the mix baseline's `UPDATE … WHERE id IN (SELECT … WHERE recipient_id = <hot> AND read_at IS NULL ORDER BY id LIMIT 10 FOR UPDATE SKIP LOCKED) RETURNING …`; in lease mode the poll sets `leased_until` and `delivery_count` instead, skipping leased and dead messages, and when it took any a second statement acknowledges them by id: `acked_at`, `read_at`, `leased_until = NULL`), each statement its own autocommit transaction; no pause after an empty poll either. It runs at 1 replica right before the server's run of the same shape (the replica idle meanwhile), for warm-up + measured seconds, counted from the database over the same window a warm-up after its start; the 3-replica runs are compared with it too. **messages/s = (sent + delivered) ÷ measured seconds, for both**; ratio = server messages/s ÷ baseline messages/s. Targets: popular inbox ≥ 0.8× the raw-SQL baseline of the same shape; p99 ≤ 10 ms at half of peak.\n"
+    );
+    let _ = writeln!(
+        w,
+        "| mode | replicas | conc. (senders + pollers) | sent/s (DB) | delivered/s (DB) | messages/s | send p50 / p99 ms | poll p50 / p99 ms | ack p50 / p99 ms | polls | empty polls | messages per poll | left at the end | errors | baseline messages/s | ratio | exactly once |"
+    );
+    let _ = writeln!(
+        w,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for x in &r.hot {
+        let _ = writeln!(
+            w,
+            "| {} | {} | {} ({} + {}) | {:.0} | {:.0} | {:.0} | {:.2} / {:.2} | {:.2} / {:.2} | {} | {} | {} | {:.2} | {} | {} | {} | **{:.2}×** | {} |",
+            x.mode(),
+            x.replicas,
+            x.concurrency,
+            x.concurrency / 2,
+            x.concurrency / 2,
+            x.sent_db as f64 / x.secs,
+            x.read_db as f64 / x.secs,
+            x.messages_per_s(),
+            x.send.p50,
+            x.send.p99,
+            x.poll.p50,
+            x.poll.p99,
+            if x.lease {
+                format!("{:.2} / {:.2}", x.ack.p50, x.ack.p99)
+            } else {
+                "—".into()
+            },
+            x.polls_ok,
+            x.empty_polls,
+            x.messages_returned as f64 / x.polls_ok.max(1) as f64,
+            x.once.drained,
+            x.errors,
+            x.baseline.map_or("—".into(), |b| format!("{b:.0}")),
+            x.ratio(),
+            if x.once.ok() { "yes" } else { "**no**" }
+        );
+    }
+    if !r.hot_base.is_empty() {
+        let _ = writeln!(w, "\nThe pgbench runs (`data/bench/hot-*.pgbench`):\n");
+        let _ = writeln!(
+            w,
+            "| mode | clients (senders + pollers) | sent/s (DB) | delivered/s (DB) | messages/s | pgbench tps (sends and polls) | failed | latency avg ms | PostgreSQL CPU (cores) | other CPU (cores) |"
+        );
+        let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|");
+        for b in &r.hot_base {
+            let _ = writeln!(
+                w,
+                "| {} | {} ({} + {}) | {:.0} | {:.0} | {:.0} | {:.0} | {} | {:.2} | {:.2} | {:.2} |",
+                if b.lease { "lease + ack" } else { "read" },
+                b.clients,
+                b.clients / 2,
+                b.clients / 2,
+                b.sent_db as f64 / b.secs,
+                b.read_db as f64 / b.secs,
+                b.messages_per_s(),
+                b.tps,
+                b.failed,
+                b.latency_ms,
+                b.cpu.postgres / b.cpu.wall.max(1e-9),
+                b.cpu.other() / b.cpu.wall.max(1e-9)
+            );
+        }
+    }
+    let _ = writeln!(
+        w,
+        "\nExactly once, per server run, after a drain (one connection taking what was left, `limit` 100, in lease mode acknowledging each batch): ids the sends returned, ids the polls (and the drain) handed out, ids `phone_ack` confirmed, against every message of the run's recipient in the database. Read mode: a message handed out more than once is a duplicate, one never handed out is lost. Lease mode: a message handed out again while an earlier lease of it was live, or acknowledged by two acks, is a duplicate (one handed out again after its lease expired would not be, but with {HOT_LEASE_SECS} s leases and runs this short there should be none), one never acknowledged is lost. Also from the database: messages left unread / unacknowledged, and messages with `delivery_count` > 1. Where the time goes: statements the database ran per tool call (pg_stat_statements, warm-up included; below 1 when the server writes several calls in one statement), and CPU in cores over the measured window.\n"
+    );
+    let _ = writeln!(
+        w,
+        "| mode | replicas | conc. | exactly once | statements per tool call | server CPU (cores) | PostgreSQL CPU (cores) | other CPU (cores) |"
+    );
+    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|");
+    for x in &r.hot {
+        let wall = x.cpu.wall.max(1e-9);
+        let _ = writeln!(
+            w,
+            "| {} | {} | {} | {}: {} | {} | {:.2} | {:.2} | {:.2} |",
+            x.mode(),
+            x.replicas,
+            x.concurrency,
+            if x.once.ok() { "yes" } else { "**no**" },
+            x.once.describe(),
+            x.statements_per_call
+                .map_or("—".into(), |n| format!("{n:.2}")),
+            x.cpu.server / wall,
+            x.cpu.postgres / wall,
+            x.cpu.other() / wall
+        );
+    }
+    if let Some(x) = &r.hot_rate {
+        let _ = writeln!(
+            w,
+            "\nFixed rate at half of the read mode's peak, 1 replica (open loop, as in section 3, {HOT_RATE_CONNECTIONS} connections): requests alternate a send to the popular recipient (the {HOT_SENDERS} senders in turn) and a read-mode poll of its inbox (`limit` 10, `wait_seconds` 0). Peak = best calls/s (sends + polls) of the read-mode runs at 1 replica. {} s warm-up, {} s measured; latency from the due time. Peak counts sends and polls alike: a server whose sends to the inbox keep up but whose polls of it do not has a peak made mostly of sends, and at half of it its polls queue for the whole run (their latency is then the queue, growing, and `service` stays short).\n",
+            mode.hot_warmup.as_secs(),
+            mode.hot_measure.as_secs()
+        );
+        let _ = writeln!(
+            w,
+            "| replicas | peak calls/s | target rate | achieved | all p50 / p90 / p99 / p99.9 / max ms | send p50 / p99 | poll p50 / p99 | service p50 / p99 | dispatch lag p50 / p99 | errors | other CPU (cores) |"
+        );
+        let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(
+            w,
+            "| {} | {:.0} | {:.0} | {:.0} | {:.2} / {:.2} / {:.2} / {:.2} / {:.1} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {} | {:.2} |",
+            x.replicas,
+            x.peak_calls,
+            x.rate,
+            x.achieved,
+            x.all.p50,
+            x.all.p90,
+            x.all.p99,
+            x.all.p999,
+            x.all.max,
+            x.send.p50,
+            x.send.p99,
+            x.inbox.p50,
+            x.inbox.p99,
+            x.service.p50,
+            x.service.p99,
+            x.lag.p50,
+            x.lag.p99,
+            x.errors,
+            x.other_cores
+        );
+    }
+    let examples: Vec<&String> = r
+        .hot
+        .iter()
+        .flat_map(|x| x.error_examples.iter())
+        .take(5)
+        .collect();
+    if !examples.is_empty() {
+        let _ = writeln!(w, "\nFirst errors:\n");
+        for e in examples {
+            let _ = writeln!(w, "- `{e}`");
+        }
+    }
 }
 
 fn render_wake(w: &mut String, wk: &WakeReport, opts: &Opts, mode: &Mode) {
