@@ -38,7 +38,7 @@ clean: cluster-stop db-stop
 bench:
 	@PHONE_BENCH_COMMAND="make bench $(ARGS)" bench/run.sh $(ARGS)
 
-## bench-quick: the same in under 2 minutes, smaller sizes (same as make bench ARGS=--quick)
+## bench-quick: the same in about 3 minutes, smaller sizes (same as make bench ARGS=--quick)
 bench-quick:
 	@PHONE_BENCH_COMMAND="make bench-quick $(ARGS)" bench/run.sh --quick $(ARGS)
 
