@@ -44,6 +44,8 @@ pub struct Config {
     pub register_limit: u32,
     /// Mail settings: the longest wait, how often a lease goes out.
     pub mail: MailRules,
+    /// Limits on sending (0: off), shared by every replica.
+    pub quotas: store::Quotas,
     /// What the operator should hear at startup (a likely mistake that is
     /// not an error).
     pub warnings: Vec<String>,
@@ -213,6 +215,11 @@ impl Config {
                     MAX_DELIVERIES_MAX as usize,
                 )? as u32,
             },
+            quotas: store::Quotas {
+                sends_per_hour: quota(&get, "PHONE_SEND_QUOTA_PER_HOUR", 0)?,
+                new_recipients_per_day: quota(&get, "PHONE_NEW_RECIPIENT_QUOTA_PER_DAY", 0)?,
+                unread_max: quota(&get, "PHONE_INBOX_UNREAD_MAX", 10_000)?,
+            },
             warnings,
         })
     }
@@ -263,6 +270,15 @@ fn client_address_from(
         }
         (None, _) => http::ClientAddressFrom::Peer,
     })
+}
+
+/// A quota: 0 (off) up to a million.
+fn quota(
+    get: &impl Fn(&str) -> Option<String>,
+    name: &'static str,
+    default: usize,
+) -> Result<i32, ConfigError> {
+    Ok(bounded(parse(get, name, default)?, name, 0, 1_000_000)? as i32)
 }
 
 /// What a long poll keeps of its request's time for its last look.

@@ -3,6 +3,7 @@
 //! Layers, each importing only those below it:
 //!
 //! ```text
+//! admin     the operator's commands (`phone admin …`), against the database
 //! startup   composition root: Config -> each layer's settings -> serve
 //! config    the environment, parsed into each layer's settings
 //! http      router, layers, /health, the accept loop
@@ -12,6 +13,7 @@
 //! telemetry logs, traces, metrics (plain values in)
 //! ```
 
+pub mod admin;
 pub mod config;
 pub mod domain;
 pub mod http;

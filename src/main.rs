@@ -9,6 +9,10 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("admin") {
+        return admin(&args[1..]).await;
+    }
     let config = match Config::from_env() {
         Ok(config) => config,
         Err(e) => {
@@ -45,4 +49,29 @@ async fn main() -> ExitCode {
     // Export what is still buffered (blocking: off the async workers).
     let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
     outcome
+}
+
+/// `phone admin …`: the operator's commands, against `DATABASE_URL`.
+async fn admin(args: &[String]) -> ExitCode {
+    let Some(url) = std::env::var("DATABASE_URL")
+        .ok()
+        .filter(|u| !u.trim().is_empty())
+    else {
+        eprintln!("phone admin: DATABASE_URL is not set");
+        return ExitCode::from(2);
+    };
+    match phone::admin::run(&url, args).await {
+        Ok(out) => {
+            print!("{out}");
+            ExitCode::SUCCESS
+        }
+        Err(phone::admin::AdminError::Usage(text)) => {
+            eprintln!("phone admin: {text}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("phone admin: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }

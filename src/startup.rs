@@ -43,7 +43,12 @@ impl Application {
         store::wait_for_database(&config.store).await?;
         store::migrate_with(&config.store).await?;
         let stopping = CancellationToken::new();
-        let store = Store::open(&config.store, UNREAD_COUNT_CAP, stopping.clone())?;
+        let store = Store::open(
+            &config.store,
+            UNREAD_COUNT_CAP,
+            config.quotas,
+            stopping.clone(),
+        )?;
         let limits = Limits::new(config.auth_failure_limit, config.register_limit);
         let phone = Phone::new(store, stopping.clone(), limits, config.mail);
         let addr = SocketAddr::new(config.bind_address, config.port);

@@ -276,6 +276,7 @@ async fn the_tool_surface_is_small_complete_and_annotated() {
             "phone_ack",
             "phone_outbox",
             "phone_thread",
+            "phone_settings",
             "phone_rotate_token",
             "phone_unregister",
         ]

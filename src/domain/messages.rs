@@ -280,8 +280,13 @@ impl Phone {
 
         // A reply goes to the other party of the original (by id, so a name
         // released and re-registered since cannot receive it) and joins its thread.
-        let (to, to_id, thread_id) = match req.reply_to {
-            None => (req.to.clone().ok_or(PhoneError::Internal)?, None, None),
+        let (to, to_id, thread_id, answers_recipient) = match req.reply_to {
+            None => (
+                req.to.clone().ok_or(PhoneError::Internal)?,
+                None,
+                None,
+                false,
+            ),
             Some(original) => {
                 let db = self.store.db().await?;
                 let target =
@@ -302,7 +307,12 @@ impl Phone {
                         other: other.to_string(),
                     });
                 }
-                (other, Some(target.other_id), Some(target.thread_id))
+                (
+                    other,
+                    Some(target.other_id),
+                    Some(target.thread_id),
+                    target.other_sent_it,
+                )
             }
         };
 
@@ -325,6 +335,7 @@ impl Phone {
                     thread_id,
                     idempotency_key: key.map(str::to_owned),
                     to_id,
+                    answers_recipient,
                 },
                 call.gone.clone(),
             )
@@ -361,7 +372,19 @@ impl Phone {
                 });
             }
         }
-        Err(PhoneError::UnknownAgent(to))
+        Err(match outcome.refusal.as_deref() {
+            None => PhoneError::UnknownAgent(to),
+            Some("send_quota") => PhoneError::Quota {
+                what: "messages this hour",
+            },
+            Some("new_recipient_quota") => PhoneError::Quota {
+                what: "first messages to new recipients today",
+            },
+            Some("inbox_full") => PhoneError::InboxFull(to),
+            // The same words for a block and for every policy, so that a
+            // block is not revealed.
+            Some(_) => PhoneError::Refused(to),
+        })
     }
 
     /// Polls once; with `wait`, and nothing to return, waits for mail to

@@ -13,6 +13,7 @@ pub mod handover;
 pub mod limits;
 pub mod messages;
 pub mod search;
+pub mod settings;
 pub mod types;
 
 use std::sync::Arc;
@@ -50,6 +51,14 @@ pub enum PhoneError {
         what: &'static str,
         retry_at: String,
     },
+    #[error(
+        "'{0}' does not accept new conversations from you (its contact policy); ask its operator to add you as a contact, or reply to a message it sent you"
+    )]
+    Refused(AgentName),
+    #[error("'{0}''s inbox is full (too much unread mail); nothing was sent, try later")]
+    InboxFull(AgentName),
+    #[error("you reached your quota of {what}; nothing was sent, try later")]
+    Quota { what: &'static str },
     #[error("the mailbox is temporarily unavailable ({0}); retry in a few seconds")]
     Unavailable(String),
     /// Some receipts were for deliveries that are over: the message went to
@@ -124,6 +133,9 @@ impl PhoneError {
             Self::IdempotencyConflict(_) => "idempotency_conflict",
             Self::RateLimited { .. } => "rate_limited",
             Self::Unavailable(_) => "unavailable",
+            Self::Refused(_) => "refused",
+            Self::InboxFull(_) => "inbox_full",
+            Self::Quota { .. } => "quota",
             Self::CallerGone => "caller_gone",
             Self::StaleReceipts { .. } => "stale_receipt",
             Self::Internal => "internal",

@@ -98,6 +98,14 @@ impl<'a> Args<'a> {
         }
     }
 
+    /// `None` when absent.
+    pub fn opt_bool(&self, key: &'static str) -> Result<Option<bool>, InvalidInput> {
+        match self.value(key) {
+            None => Ok(None),
+            Some(_) => self.bool(key).map(Some),
+        }
+    }
+
     pub fn bool(&self, key: &'static str) -> Result<bool, InvalidInput> {
         match self.value(key) {
             None => Ok(false),

@@ -23,6 +23,7 @@ use tracing::Instrument;
 use crate::domain::agents::RegisterRequest;
 use crate::domain::messages::{self, InboxArgs, InboxMode, InboxRequest, SendRequest};
 use crate::domain::search::{SEARCH_LIMIT_MAX, SearchRequest};
+use crate::domain::settings::SettingsRequest;
 use crate::domain::{MessageId, Phone, PhoneError};
 use crate::telemetry::metrics;
 use args::Args;
@@ -262,6 +263,22 @@ impl PhoneServer {
                 let me = auth::authenticate(phone, &args, context).await?;
                 let out = wire::Thread::from(phone.thread(&me, message_id, limit, after).await?);
                 Ok((success(&out, render::thread(&out)), nothing()))
+            }
+            tools::SETTINGS => {
+                let args = Args::new(tool, arguments, tools::SETTINGS_ARGS)?;
+                let me = auth::authenticate(phone, &args, context).await?;
+                let req = SettingsRequest::parse(
+                    &me.name,
+                    args.str("contact_policy")?,
+                    args.opt_bool("listed")?,
+                    &args.str_list("allow")?,
+                    &args.str_list("disallow")?,
+                    &args.str_list("block")?,
+                    &args.str_list("unblock")?,
+                    args.str("cursor")?,
+                )?;
+                let out = wire::Settings::from(phone.settings(&me, req).await?);
+                Ok((success(&out, render::settings(&out)), nothing()))
             }
             tools::ROTATE => {
                 let args = Args::new(tool, arguments, tools::AUTH_ARGS)?;

@@ -12,7 +12,8 @@
 use std::fmt::Write as _;
 
 use super::wire::{
-    Acked, Inbox, Message, Outbox, Registration, Rotated, SearchResult, Sent, Thread, Unregistered,
+    Acked, Inbox, Message, Outbox, Registration, Rotated, SearchResult, Sent, Settings, Thread,
+    Unregistered,
 };
 
 /// A quoted, escaped single line (JSON string syntax).
@@ -225,4 +226,36 @@ pub fn unregistered(r: &Unregistered) -> String {
         "'{}' is unregistered; its token no longer works. The name is reserved until {}.",
         r.name, r.name_reserved_until
     )
+}
+
+pub fn settings(s: &Settings) -> String {
+    let list = |names: &[String], total: i64| {
+        if names.is_empty() {
+            "none".to_owned()
+        } else if names.len() as i64 == total {
+            names.join(", ")
+        } else {
+            format!(
+                "{} (and {} more)",
+                names.join(", "),
+                total - names.len() as i64
+            )
+        }
+    };
+    let mut out = format!(
+        "Contact policy: {}. Listed in search: {}.\nContacts ({}): {}\nBlocked ({}): {}",
+        s.contact_policy,
+        if s.listed { "yes" } else { "no" },
+        s.contacts_total,
+        list(&s.contacts, s.contacts_total),
+        s.blocked_total,
+        list(&s.blocked, s.blocked_total)
+    );
+    if !s.unknown.is_empty() {
+        let _ = write!(out, "\nNo such agents: {}.", s.unknown.join(", "));
+    }
+    if let Some(cursor) = &s.next_cursor {
+        let _ = write!(out, "\nMore: cursor={cursor}");
+    }
+    out
 }

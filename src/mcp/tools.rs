@@ -8,9 +8,10 @@ use rmcp::model::{JsonObject, Tool, ToolAnnotations};
 use serde_json::{Map, Value, json};
 
 use crate::domain::messages::MailRules;
+use crate::domain::settings::ContactPolicy;
 
 use super::wire::{
-    Acked, Inbox, Outbox, Registration, Rotated, SearchResult, Sent, Thread, Unregistered,
+    Acked, Inbox, Outbox, Registration, Rotated, SearchResult, Sent, Settings, Thread, Unregistered,
 };
 
 pub const INSTRUCTIONS: &str = "phone is a mailbox and address book shared by AI agents.\n\
@@ -33,10 +34,11 @@ pub const OUTBOX: &str = "phone_outbox";
 pub const THREAD: &str = "phone_thread";
 pub const ROTATE: &str = "phone_rotate_token";
 pub const UNREGISTER: &str = "phone_unregister";
+pub const SETTINGS: &str = "phone_settings";
 
 /// Every tool, in the order `tools/list` shows them.
-pub const NAMES: [&str; 9] = [
-    REGISTER, SEARCH, SEND, INBOX, ACK, OUTBOX, THREAD, ROTATE, UNREGISTER,
+pub const NAMES: [&str; 10] = [
+    REGISTER, SEARCH, SEND, INBOX, ACK, OUTBOX, THREAD, SETTINGS, ROTATE, UNREGISTER,
 ];
 
 pub const REGISTER_ARGS: &[&str] = &["name", "description", "project", "token"];
@@ -65,13 +67,42 @@ pub const ACK_ARGS: &[&str] = &["name", "token", "ids"];
 pub const OUTBOX_ARGS: &[&str] = &["name", "token", "limit", "cursor"];
 pub const THREAD_ARGS: &[&str] = &["name", "token", "message_id", "limit", "cursor"];
 pub const AUTH_ARGS: &[&str] = &["name", "token"];
+pub const SETTINGS_ARGS: &[&str] = &[
+    "name",
+    "token",
+    "contact_policy",
+    "listed",
+    "allow",
+    "disallow",
+    "block",
+    "unblock",
+    "cursor",
+];
+
+/// `schema` with `description`, unless it is empty (every byte is read).
+fn described(mut schema: Value, description: &str) -> Value {
+    if !description.is_empty() {
+        schema["description"] = json!(description);
+    }
+    schema
+}
+
+fn names(description: &str) -> Value {
+    described(
+        json!({"type": "array", "items": {"type": "string"}}),
+        description,
+    )
+}
 
 fn string(description: &str) -> Value {
-    json!({"type": "string", "description": description})
+    described(json!({"type": "string"}), description)
 }
 
 fn integer(min: u32, max: u32, description: &str) -> Value {
-    json!({"type": "integer", "minimum": min, "maximum": max, "description": description})
+    described(
+        json!({"type": "integer", "minimum": min, "maximum": max}),
+        description,
+    )
 }
 
 fn boolean(description: &str) -> Value {
@@ -82,11 +113,8 @@ fn boolean(description: &str) -> Value {
 fn object(auth: bool, properties: Value, required: &[&str]) -> Arc<JsonObject> {
     let mut props = Map::new();
     if auth {
-        props.insert(
-            "name".into(),
-            string("Your agent name (optional with a bearer header)"),
-        );
-        props.insert("token".into(), string("Your token"));
+        props.insert("name".into(), string("Yours"));
+        props.insert("token".into(), string(""));
     }
     props.extend(properties.as_object().cloned().unwrap_or_default());
     let mut schema = Map::new();
@@ -104,8 +132,8 @@ pub fn definitions(rules: &MailRules) -> Vec<Tool> {
     vec![
         Tool::new(
             REGISTER,
-            "Join the directory, or update your entry. A new name returns a secret token, \
-             shown once: save name and token in your notes. To update, pass your token.",
+            "Join the directory (to update your entry, pass your token). A new name returns a secret token, \
+             shown once: save it in your notes.",
             object(
                 false,
                 json!({
@@ -125,10 +153,10 @@ pub fn definitions(rules: &MailRules) -> Vec<Tool> {
             object(
                 false,
                 json!({
-                    "query": string("Words, e.g. 'invoice mail'"),
+                    "query": string("Words"),
                     "project": string("Only this project"),
-                    "limit": integer(1, 50, "Default 10"),
-                    "cursor": string("next_cursor of the previous page"),
+                    "limit": integer(1, 50, ""),
+                    "cursor": string("next_cursor from before"),
                 }),
                 &[],
             ),
@@ -137,14 +165,13 @@ pub fn definitions(rules: &MailRules) -> Vec<Tool> {
         .with_annotations(annotations("Search the directory", true, false, true, false)),
         Tool::new(
             SEND,
-            "Send a message to an agent's inbox; it need not be online. \
-             To answer a message, set reply_to to its id (to is then optional).",
+            "Send to an agent's inbox; it need not be online. To answer, set reply_to (to is then optional).",
             object(
                 true,
                 json!({
                     "to": string("Recipient's name"),
                     "body": string("Message text (max 64 KiB)"),
-                    "subject": string("Optional subject"),
+                    "subject": string(""),
                     "reply_to": string("Id of the message you answer"),
                     "idempotency_key": string("Unique string; a retry with it never sends twice"),
                 }),
@@ -160,9 +187,9 @@ pub fn definitions(rules: &MailRules) -> Vec<Tool> {
             object(
                 true,
                 json!({
-                    "limit": integer(1, 100, "Default 10"),
+                    "limit": integer(1, 100, ""),
                     "wait_seconds": integer(0, max_wait_secs, "If nothing is unread, wait this long for mail"),
-                    "mode": {"type": "string", "enum": ["read", "lease"], "description": "Default read"},
+                    "mode": {"type": "string", "enum": ["read", "lease"]},
                     "lease_seconds": integer(1, 3600, "Lease length (default 300)"),
                     "max_deliveries": integer(1, 1000, &format!("Leases before a message dies (default {})", rules.max_deliveries)),
                     "peek": boolean("Show without marking read"),
@@ -175,7 +202,7 @@ pub fn definitions(rules: &MailRules) -> Vec<Tool> {
         .with_annotations(annotations("Check your inbox", false, false, false, false)),
         Tool::new(
             ACK,
-            "Acknowledge messages you leased (mode=lease) once handled, so they do not come back.",
+            "Confirm leased messages (by receipt) once handled, so they do not come back.",
             object(
                 true,
                 json!({"ids": {"type": "array", "items": {"type": "string"}, "description": "Receipts (rcpt_…) or message ids"}}),
@@ -186,10 +213,10 @@ pub fn definitions(rules: &MailRules) -> Vec<Tool> {
         .with_annotations(annotations("Acknowledge messages", false, false, true, false)),
         Tool::new(
             OUTBOX,
-            "Messages you sent, newest first, with their state: waiting, leased, read or acknowledged.",
+            "Messages you sent, newest first, with their state.",
             object(
                 true,
-                json!({"limit": integer(1, 100, "Default 20"), "cursor": string("next_cursor of the previous page")}),
+                json!({"limit": integer(1, 100, ""), "cursor": string("next_cursor from before")}),
                 &[],
             ),
         )
@@ -201,15 +228,35 @@ pub fn definitions(rules: &MailRules) -> Vec<Tool> {
             object(
                 true,
                 json!({
-                    "message_id": string("Any message id of the thread"),
-                    "limit": integer(1, 100, "Default 50"),
-                    "cursor": string("next_cursor of the previous page"),
+                    "message_id": string("Any message of it"),
+                    "limit": integer(1, 100, ""),
+                    "cursor": string("next_cursor from before"),
                 }),
                 &["message_id"],
             ),
         )
         .with_raw_output_schema(schema_for_output::<Thread>())
         .with_annotations(annotations("Read a conversation", true, false, true, false)),
+        Tool::new(
+            SETTINGS,
+            "Who may write to you, and search listing. Pass nothing to view.",
+            object(
+                true,
+                json!({
+                    "contact_policy": {"type": "string", "enum": ContactPolicy::NAMES,
+                        "description": "project: your project+contacts. Replies to your mail always pass"},
+                    "listed": boolean("false: hidden from phone_search"),
+                    "allow": names("Add contacts"),
+                    "disallow": names(""),
+                    "block": names("Refuse all mail from"),
+                    "unblock": names(""),
+                    "cursor": string("next_cursor from before"),
+                }),
+                &[],
+            ),
+        )
+        .with_raw_output_schema(schema_for_output::<Settings>())
+        .with_annotations(annotations("Your settings", false, false, true, false)),
         Tool::new(
             ROTATE,
             "Replace your token; the old one stops working at once. Save the new one.",
@@ -219,8 +266,7 @@ pub fn definitions(rules: &MailRules) -> Vec<Tool> {
         .with_annotations(annotations("Rotate your token", false, false, false, false)),
         Tool::new(
             UNREGISTER,
-            "Leave the directory for good: your token stops working, nobody can message you. \
-             Messages are kept. The name stays reserved for 30 days.",
+            "Leave the directory for good: your token stops working; mail is kept; the name stays reserved 30 days.",
             object(true, json!({}), &[]),
         )
         .with_raw_output_schema(schema_for_output::<Unregistered>())

@@ -286,3 +286,37 @@ impl From<mail::Thread> for Thread {
         }
     }
 }
+
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct Settings {
+    /// open, project, contacts or closed.
+    pub contact_policy: String,
+    /// Shown by phone_search.
+    pub listed: bool,
+    /// A page of your contacts, by name.
+    pub contacts: Vec<String>,
+    /// A page of the agents you blocked, by name.
+    pub blocked: Vec<String>,
+    pub contacts_total: i64,
+    pub blocked_total: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+    /// Names this call could not mark: no such agent.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unknown: Vec<String>,
+}
+
+impl From<crate::domain::settings::Settings> for Settings {
+    fn from(s: crate::domain::settings::Settings) -> Self {
+        Self {
+            contact_policy: s.contact_policy,
+            listed: s.listed,
+            contacts: s.contacts,
+            blocked: s.blocked,
+            contacts_total: s.contacts_total,
+            blocked_total: s.blocked_total,
+            next_cursor: s.next_cursor,
+            unknown: s.unknown,
+        }
+    }
+}

@@ -8,14 +8,14 @@
 /// busy agent costs no write per call.
 pub const PRESENCE_INTERVAL_SECS: u32 = 60;
 
-/// The registered agent holding a token: a condition on `agents` (its
-/// columns unqualified). `token` is an SQL expression for the SHA-256 digest
+/// The registered, not suspended agent holding a token: a condition on
+/// `agents` (its columns unqualified). `token` is an SQL expression for the SHA-256 digest
 /// (bytea), `claimed` one for the name the caller claimed (text, NULL for
 /// none): a claimed name must be the token's agent. Served by the unique
 /// index on `token_hash`.
 pub fn caller_by_token(token: &str, claimed: &str) -> String {
     format!(
-        "token_hash = {token} AND unregistered_at IS NULL \
+        "token_hash = {token} AND unregistered_at IS NULL AND suspended_at IS NULL \
          AND ({claimed}::text IS NULL OR name = {claimed}::text)"
     )
 }

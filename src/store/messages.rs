@@ -55,7 +55,7 @@ fn me_with_presence() -> String {
 static REPLY_TARGET: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH me AS (SELECT id FROM agents WHERE {})
-         SELECT m.thread_id,
+         SELECT m.thread_id, m.sender_id <> me.id AS other_sent_it,
                 CASE WHEN m.sender_id = me.id THEN m.recipient_id ELSE m.sender_id END AS other_id,
                 CASE WHEN m.sender_id = me.id THEN r.name ELSE s.name END AS other
          FROM me
@@ -71,6 +71,8 @@ static REPLY_TARGET: LazyLock<String> = LazyLock::new(|| {
 #[derive(Debug, Clone)]
 pub struct ReplyTarget {
     pub thread_id: i64,
+    /// The other party sent the message being answered (to the caller).
+    pub other_sent_it: bool,
     pub other_id: i64,
     pub other_name: String,
 }
@@ -93,6 +95,7 @@ pub async fn reply_target(
     Ok(Some(row.get::<_, Option<String>>("other").map(|other| {
         ReplyTarget {
             thread_id: row.get("thread_id"),
+            other_sent_it: row.get("other_sent_it"),
             other_id: row.get("other_id"),
             other_name: other,
         }

@@ -11,6 +11,7 @@
 //!   in one statement and one commit.
 //! - `wakeup`: the LISTEN connection that wakes long polls.
 
+pub mod admin;
 pub mod agents;
 mod batch;
 mod error;
@@ -21,6 +22,7 @@ mod migrate;
 pub mod pool;
 pub mod rows;
 pub mod search;
+pub mod settings;
 mod tls;
 pub mod wakeup;
 
@@ -29,6 +31,7 @@ use std::{sync::Arc, time::Duration};
 use tokio_util::sync::CancellationToken;
 
 pub use batch::{
+    mail::Quotas,
     poll::{Lease, QueuedPoll},
     send::{QueuedSend, SendOutcome, Stored},
 };
@@ -90,6 +93,7 @@ impl Store {
     pub fn open(
         settings: &Settings,
         unread_cap: i64,
+        quotas: Quotas,
         stopping: CancellationToken,
     ) -> Result<Self, StoreError> {
         let pool = pool::connect(settings)?;
@@ -102,6 +106,7 @@ impl Store {
                 cap: unread_cap,
                 wakes: batch::PendingWakes::default(),
                 wakeup: wakeup.clone(),
+                quotas,
             },
             pool.wait_timeout(),
             pool.status().max_size,

@@ -67,12 +67,13 @@ fn tsqueries(words: &[String]) -> TsQueries {
 }
 
 /// A page of the whole directory (`project` None) or of one project, by
-/// name. Indexes: `agents_active_name_idx`, `agents_project_idx`.
+/// name; agents that are unlisted or suspended are not shown. Indexes: `agents_active_name_idx`, `agents_project_idx`.
 const LIST_ALL: &str = "SELECT name, description, project, registered_at, last_seen_at
-     FROM agents WHERE unregistered_at IS NULL
+     FROM agents WHERE unregistered_at IS NULL AND listed AND suspended_at IS NULL
      ORDER BY name LIMIT $1 OFFSET $2";
 const LIST_PROJECT: &str = "SELECT name, description, project, registered_at, last_seen_at
-     FROM agents WHERE unregistered_at IS NULL AND lower(project) = lower($1)
+     FROM agents WHERE unregistered_at IS NULL AND listed AND suspended_at IS NULL
+       AND lower(project) = lower($1)
      ORDER BY name LIMIT $2 OFFSET $3";
 
 /// Agents by name, `fetch` rows from `offset` (one statement per shape, each
@@ -392,7 +393,7 @@ fn build_search_sql(project: bool, several_words: bool) -> String {
     candidates AS ({candidates})
 SELECT a.name, a.description, a.project, a.registered_at, a.last_seen_at
 FROM agents a, q
-WHERE a.id = ANY (ARRAY(SELECT id FROM candidates))
+WHERE a.id = ANY (ARRAY(SELECT id FROM candidates)) AND a.listed AND a.suspended_at IS NULL
 ORDER BY a.name = $6 DESC,
          a.search @@ q.all_words DESC,
          ts_rank(a.search, q.any_whole_word) DESC,

@@ -41,6 +41,18 @@ pub(crate) struct MailWrite {
     pub wakes: PendingWakes,
     /// This replica's waiters, woken here when a NOTIFY fails.
     pub wakeup: Arc<Wakeup>,
+    pub quotas: Quotas,
+}
+
+/// Limits on sending, shared by every replica (0: off).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Quotas {
+    /// Sends per sender per hour.
+    pub sends_per_hour: i32,
+    /// First messages to recipients a sender never wrote to before, per day.
+    pub new_recipients_per_day: i32,
+    /// Unread messages a recipient may hold; a send beyond waits its turn.
+    pub unread_max: i32,
 }
 
 impl Write for MailWrite {
@@ -77,6 +89,8 @@ impl Write for MailWrite {
         let threads: Vec<Option<i64>> = sends.iter().map(|s| s.thread_id).collect();
         let keys: Vec<Option<&str>> = sends.iter().map(|s| s.idempotency_key.as_deref()).collect();
         let to_ids: Vec<Option<i64>> = sends.iter().map(|s| s.to_id).collect();
+        let answers: Vec<bool> = sends.iter().map(|s| s.answers_recipient).collect();
+        let q = self.quotas;
         let poll_tokens: Vec<&[u8]> = polls.iter().map(|p| p.token.as_slice()).collect();
         let poll_claimed: Vec<Option<&str>> = polls.iter().map(|p| p.claimed.as_deref()).collect();
         let limits: Vec<i64> = polls.iter().map(|p| p.limit).collect();
@@ -112,6 +126,10 @@ impl Write for MailWrite {
                     &to_wake,
                     &lease_secs,
                     &max_deliveries,
+                    &answers,
+                    &q.sends_per_hour,
+                    &q.new_recipients_per_day,
+                    &q.unread_max,
                 ],
             )
             .await
@@ -282,7 +300,8 @@ static MAIL_BATCH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
          {polls},
          touched AS ({touch})
          SELECT true AS is_poll, me.ord, me.id AS me_id, {columns},
-                waiting.n - waiting.taken AS waiting, NULL::bigint AS recipient_id
+                waiting.n - waiting.taken AS waiting, NULL::bigint AS recipient_id,
+                NULL::text AS refusal
          FROM me
          JOIN waiting ON waiting.agent = me.id
          LEFT JOIN (SELECT picked.ord, taken.* FROM taken JOIN picked ON picked.id = taken.id) m
@@ -290,13 +309,14 @@ static MAIL_BATCH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
          {SENDER_LOOKUP}
          UNION ALL
          SELECT false, rs.ord, rs.sender_id, i.id, NULL, NULL, NULL, NULL, NULL, NULL,
-                i.thread_id, i.sent_at, NULL, NULL, NULL, NULL, NULL, i.recipient_id
+                i.thread_id, i.sent_at, NULL, NULL, NULL, NULL, NULL, i.recipient_id, d.refusal
          FROM resolved rs
+         JOIN decided d ON d.ord = rs.ord
          LEFT JOIN numbered n ON n.ord = rs.ord
          LEFT JOIN inserted i ON i.id = n.id
          UNION ALL
          SELECT NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                NULL, NULL, NULL, NULL, NULL, NULL, NULL, w.agent_id
+                NULL, NULL, NULL, NULL, NULL, NULL, NULL, w.agent_id, NULL
          FROM woken CROSS JOIN unnest(woken.ids) AS w(agent_id)
          ORDER BY is_poll, ord, id"
     )

@@ -4,7 +4,7 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::store::fragments::caller_by_token;
+use crate::store::fragments::{INBOX_ORDER, available_to, caller_by_token};
 use crate::store::wakeup::CHANNEL;
 
 /// One send, resolved as far as the request alone allows. Not `Debug`: it
@@ -21,6 +21,9 @@ pub struct QueuedSend {
     pub idempotency_key: Option<String>,
     /// A reply's recipient, by id (a name may have been re-registered).
     pub to_id: Option<i64>,
+    /// It answers a message the recipient sent the caller: allowed under
+    /// any contact policy (not a block).
+    pub answers_recipient: bool,
 }
 
 /// What the statement did with one send.
@@ -28,9 +31,12 @@ pub struct QueuedSend {
 pub struct SendOutcome {
     /// The sender, when its token (and claimed name) were accepted.
     pub me_id: Option<i64>,
-    /// The stored message; `None` when the recipient is unknown or the
-    /// idempotency key was already used.
+    /// The stored message; `None` when the recipient is unknown, the
+    /// idempotency key was already used, or the send was refused.
     pub stored: Option<Stored>,
+    /// Why the recipient's policy or a quota refused it: `refused`,
+    /// `send_quota`, `new_recipient_quota`, `inbox_full`.
+    pub refusal: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -44,6 +50,7 @@ impl SendOutcome {
     pub(super) const NOT_ACCEPTED: Self = Self {
         me_id: None,
         stored: None,
+        refusal: None,
     };
 
     /// From a row of the sends' part of the mail statement's result.
@@ -55,6 +62,7 @@ impl SendOutcome {
                 thread_id: row.get("thread_id"),
                 sent_at: row.get("sent_at"),
             }),
+            refusal: row.get("refusal"),
         }
     }
 }
@@ -100,44 +108,129 @@ pub(super) static NOTIFY_SQL: std::sync::LazyLock<String> = std::sync::LazyLock:
 /// The sends' CTEs of the mail statement. Arrays, one element per send:
 /// `$1` token digests, `$2` claimed names, `$3` recipient names, `$4`
 /// subjects, `$5` bodies, `$6` reply_to, `$7` threads, `$8` idempotency
-/// keys, `$9` recipient ids (replies). `resolved` has the sender
-/// (`sender_id`, `last_seen_at`) and recipient of each; `inserted` what was
-/// stored. Each lookup is a LATERAL subquery with OFFSET 0, so it stays one
-/// index probe per send whatever the planner thinks of the array's size.
+/// keys, `$9` recipient ids (replies), `$17` whether the send answers a
+/// message the recipient sent the caller; and the quotas (0: off): `$18`
+/// sends per sender per hour, `$19` first messages to new recipients per
+/// sender per day, `$20` unread messages a recipient may hold.
+///
+/// `resolved` has the sender and recipient of each; `judged` what the
+/// recipient's contact policy says (a block wins over everything; an answer
+/// to the recipient's own message passes any other policy); `counted` and
+/// `verdict` the quotas, for the sends the policy let through (several
+/// sends of one sender in the batch count in order); `inserted` what was
+/// stored; `refusals` logs the rest. Each lookup is a LATERAL subquery with
+/// OFFSET 0, so it stays one index probe per send whatever the planner
+/// thinks of the arrays; quota work that is off does not run (one-time
+/// filters on the parameters). Indexes: token, names, `contacts` and
+/// `correspondents` primary keys, `correspondents_recent_idx`,
+/// `messages_unread_idx`, `send_counts` primary key.
 pub(super) fn sends() -> String {
     let caller = caller_by_token("r.token", "r.claimed");
+    let backlog = available_to("c.recipient_id");
     format!(
         "
     sreq AS (
         SELECT * FROM unnest((SELECT $1::bytea[]), (SELECT $2::text[]), (SELECT $3::text[]),
                              (SELECT $4::text[]), (SELECT $5::text[]), (SELECT $6::bigint[]),
-                             (SELECT $7::bigint[]), (SELECT $8::text[]), (SELECT $9::bigint[]))
+                             (SELECT $7::bigint[]), (SELECT $8::text[]), (SELECT $9::bigint[]),
+                             (SELECT $17::bool[]))
             WITH ORDINALITY AS r(token, claimed, to_name, subject, body, reply_to, thread_id,
-                                 idempotency_key, to_id, ord)),
+                                 idempotency_key, to_id, answers_recipient, ord)),
     resolved AS (
-        SELECT r.ord, me.id AS sender_id, me.last_seen_at, recipient.id AS recipient_id
+        SELECT r.ord, r.answers_recipient, me.id AS sender_id, me.project AS sender_project,
+               me.last_seen_at, recipient.id AS recipient_id, recipient.project AS recipient_project,
+               recipient.contact_policy, recipient.suspended
         FROM sreq r
         LEFT JOIN LATERAL (
-            SELECT id, last_seen_at FROM agents
+            SELECT id, project, last_seen_at FROM agents
             WHERE {caller}
             OFFSET 0) me ON true
         LEFT JOIN LATERAL (
-            SELECT a.id FROM agents a
+            SELECT a.id, a.project, a.contact_policy, a.suspended_at IS NOT NULL AS suspended
+            FROM agents a
             WHERE r.to_id IS NULL AND a.name = r.to_name AND a.unregistered_at IS NULL
             UNION ALL
-            SELECT a.id FROM agents a WHERE a.id = r.to_id AND a.unregistered_at IS NULL
+            SELECT a.id, a.project, a.contact_policy, a.suspended_at IS NOT NULL
+            FROM agents a WHERE a.id = r.to_id AND a.unregistered_at IS NULL
         ) recipient ON me.id IS NOT NULL),
+    judged AS (
+        SELECT rs.ord, rs.sender_id, rs.recipient_id,
+               CASE WHEN rs.recipient_id IS NULL THEN NULL
+                    WHEN rs.suspended OR coalesce(c.is_blocked, false) THEN 'refused'
+                    WHEN rs.contact_policy = 'open' OR rs.answers_recipient THEN NULL
+                    WHEN rs.contact_policy = 'project'
+                         AND (lower(rs.sender_project) = lower(rs.recipient_project)
+                              OR coalesce(c.is_contact, false)) THEN NULL
+                    WHEN rs.contact_policy = 'contacts' AND coalesce(c.is_contact, false) THEN NULL
+                    ELSE 'refused' END AS refusal
+        FROM resolved rs
+        LEFT JOIN LATERAL (
+            SELECT is_contact, is_blocked FROM contacts
+            WHERE agent_id = rs.recipient_id AND other_id = rs.sender_id
+            OFFSET 0) c ON rs.recipient_id IS NOT NULL),
+    counted AS MATERIALIZED (
+        SELECT j.ord, j.sender_id, j.recipient_id,
+               row_number() OVER (PARTITION BY j.sender_id ORDER BY j.ord) AS nth,
+               j.first_contact,
+               sum(j.first_contact::int) OVER (PARTITION BY j.sender_id ORDER BY j.ord) AS nth_new
+        FROM (SELECT j.*,
+                     ($19 > 0 AND NOT EXISTS (
+                         SELECT 1 FROM correspondents x
+                         WHERE x.sender_id = j.sender_id AND x.recipient_id = j.recipient_id)) AS first_contact
+              FROM judged j
+              WHERE j.recipient_id IS NOT NULL AND j.refusal IS NULL
+                AND ($18 > 0 OR $19 > 0 OR $20 > 0)) j),
+    base AS MATERIALIZED (
+        SELECT s.sender_id,
+               CASE WHEN $18 > 0 THEN coalesce((
+                   SELECT sc.sends FROM send_counts sc
+                   WHERE sc.sender_id = s.sender_id AND sc.hour_start > now() - interval '1 hour'), 0)
+               ELSE 0 END AS sent_this_hour,
+               CASE WHEN $19 > 0 THEN (
+                   SELECT count(*) FROM (
+                       SELECT 1 FROM correspondents x
+                       WHERE x.sender_id = s.sender_id AND x.first_at > now() - interval '1 day'
+                       LIMIT $19) y)
+               ELSE 0 END AS new_today
+        FROM (SELECT DISTINCT sender_id FROM counted) s),
+    verdict AS (
+        SELECT c.ord,
+               CASE WHEN $18 > 0 AND b.sent_this_hour + c.nth > $18 THEN 'send_quota'
+                    WHEN c.first_contact AND b.new_today + c.nth_new > $19 THEN 'new_recipient_quota'
+                    WHEN $20 > 0 AND (SELECT count(*) FROM (
+                             SELECT 1 FROM messages m WHERE {backlog}
+                             ORDER BY {INBOX_ORDER} LIMIT $20) u) >= $20 THEN 'inbox_full'
+               END AS refusal
+        FROM counted c JOIN base b ON b.sender_id = c.sender_id),
+    decided AS (
+        SELECT j.ord, j.sender_id, j.recipient_id, coalesce(j.refusal, v.refusal) AS refusal
+        FROM judged j LEFT JOIN verdict v ON v.ord = j.ord),
     numbered AS (
         SELECT x.ord, nextval('messages_id_seq') AS id, x.sender_id, x.recipient_id
-        FROM (SELECT ord, sender_id, recipient_id FROM resolved
-              WHERE recipient_id IS NOT NULL ORDER BY ord) x),
+        FROM (SELECT ord, sender_id, recipient_id FROM decided
+              WHERE recipient_id IS NOT NULL AND refusal IS NULL ORDER BY ord) x),
     inserted AS (
         INSERT INTO messages (id, sender_id, recipient_id, subject, body, reply_to, thread_id, idempotency_key)
         SELECT n.id, n.sender_id, n.recipient_id, r.subject, r.body, r.reply_to,
                coalesce(r.thread_id, n.id), r.idempotency_key
         FROM numbered n JOIN sreq r ON r.ord = n.ord
         ON CONFLICT (sender_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-        RETURNING id, thread_id, sent_at, recipient_id)"
+        RETURNING id, thread_id, sent_at, sender_id, recipient_id),
+    hour_counted AS (
+        INSERT INTO send_counts AS sc (sender_id, hour_start, sends)
+        SELECT sender_id, now(), count(*) FROM inserted WHERE $18 > 0 GROUP BY sender_id
+        ON CONFLICT (sender_id) DO UPDATE SET
+            sends = CASE WHEN sc.hour_start <= now() - interval '1 hour' THEN excluded.sends
+                         ELSE sc.sends + excluded.sends END,
+            hour_start = CASE WHEN sc.hour_start <= now() - interval '1 hour' THEN now()
+                              ELSE sc.hour_start END),
+    met AS (
+        INSERT INTO correspondents (sender_id, recipient_id)
+        SELECT DISTINCT sender_id, recipient_id FROM inserted WHERE $19 > 0
+        ON CONFLICT DO NOTHING),
+    refusals AS (
+        INSERT INTO refused_sends (sender_id, recipient_id, reason)
+        SELECT sender_id, recipient_id, refusal FROM decided WHERE refusal IS NOT NULL)"
     )
 }
 

@@ -1,0 +1,217 @@
+//! An agent's own settings: who may start a conversation with it (contact
+//! policy, contacts, blocks) and whether the directory lists it.
+
+use base64::Engine as _;
+
+use super::types::{AgentName, InvalidInput};
+use super::{Caller, Phone, PhoneError};
+use crate::store::{self, settings::Mark};
+
+/// Who may start a conversation with an agent. Whatever the policy, an
+/// agent may answer a message the recipient sent it; a block wins over all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContactPolicy {
+    /// Anyone (the default).
+    Open,
+    /// Agents of the same project, and contacts.
+    Project,
+    /// Contacts only.
+    Contacts,
+    /// No one starts a new conversation.
+    Closed,
+}
+
+impl ContactPolicy {
+    pub const NAMES: [&'static str; 4] = ["open", "project", "contacts", "closed"];
+
+    pub fn parse(raw: &str) -> Result<Self, InvalidInput> {
+        match raw.trim() {
+            "open" => Ok(Self::Open),
+            "project" => Ok(Self::Project),
+            "contacts" => Ok(Self::Contacts),
+            "closed" => Ok(Self::Closed),
+            other => Err(InvalidInput::new(
+                "contact_policy",
+                format!(
+                    "must be one of {}; got {:?}",
+                    Self::NAMES.join(", "),
+                    other.chars().take(40).collect::<String>()
+                ),
+            )),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+}
+
+/// Names changed by one call, at most.
+pub const MARKS_MAX: usize = 100;
+/// Names of each list shown per page.
+pub const LIST_PAGE: i64 = 50;
+
+#[derive(Debug, Clone, Default)]
+pub struct SettingsRequest {
+    pub contact_policy: Option<ContactPolicy>,
+    pub listed: Option<bool>,
+    /// Names to mark, in order: allow, disallow, block, unblock.
+    pub marks: Vec<(AgentName, Mark)>,
+    /// Where the lists continue (`next_cursor` of the previous answer).
+    pub after: Option<(String, String)>,
+}
+
+impl SettingsRequest {
+    #[allow(clippy::too_many_arguments)]
+    pub fn parse(
+        me: &AgentName,
+        contact_policy: Option<&str>,
+        listed: Option<bool>,
+        allow: &[&str],
+        disallow: &[&str],
+        block: &[&str],
+        unblock: &[&str],
+        cursor: Option<&str>,
+    ) -> Result<Self, InvalidInput> {
+        let mut marks = Vec::new();
+        for (field, names, mark) in [
+            ("allow", allow, Mark::Allow),
+            ("disallow", disallow, Mark::Disallow),
+            ("block", block, Mark::Block),
+            ("unblock", unblock, Mark::Unblock),
+        ] {
+            for raw in names {
+                let name = AgentName::parse(field, raw)?;
+                if &name == me && matches!(mark, Mark::Allow | Mark::Block) {
+                    return Err(InvalidInput::new(
+                        field,
+                        "names yourself; contacts and blocks are about other agents",
+                    ));
+                }
+                marks.push((name, mark));
+            }
+        }
+        if marks.len() > MARKS_MAX {
+            return Err(InvalidInput::new(
+                "allow",
+                format!(
+                    "with disallow, block and unblock lists {} names; change at most {MARKS_MAX} per call",
+                    marks.len()
+                ),
+            ));
+        }
+        Ok(Self {
+            contact_policy: contact_policy.map(ContactPolicy::parse).transpose()?,
+            listed,
+            marks,
+            after: cursor.map(decode_cursor).transpose()?,
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub contact_policy: String,
+    pub listed: bool,
+    /// A page of contacts and of blocked agents, by name.
+    pub contacts: Vec<String>,
+    pub blocked: Vec<String>,
+    pub contacts_total: i64,
+    pub blocked_total: i64,
+    /// Pass back as `cursor` for the next page of both lists.
+    pub next_cursor: Option<String>,
+    /// Names this call could not mark: no such registered agent.
+    pub unknown: Vec<String>,
+}
+
+fn encode_cursor(contacts_after: &str, blocked_after: &str) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .encode(format!("c:{contacts_after}\nb:{blocked_after}"))
+}
+
+fn decode_cursor(raw: &str) -> Result<(String, String), InvalidInput> {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(raw.trim())
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .and_then(|s| {
+            let (c, b) = s.split_once('\n')?;
+            Some((
+                c.strip_prefix("c:")?.to_owned(),
+                b.strip_prefix("b:")?.to_owned(),
+            ))
+        })
+        .ok_or_else(|| {
+            InvalidInput::new(
+                "cursor",
+                "is not a cursor from this server; pass next_cursor back unchanged",
+            )
+        })
+}
+
+impl Phone {
+    /// Applies what the request changes, then shows the settings.
+    pub async fn settings(
+        &self,
+        me: &Caller,
+        req: SettingsRequest,
+    ) -> Result<Settings, PhoneError> {
+        let db = self.store.db().await?;
+        if req.contact_policy.is_some() || req.listed.is_some() {
+            store::settings::set_policy(
+                &db,
+                me.id,
+                req.contact_policy.map(ContactPolicy::as_str),
+                req.listed,
+            )
+            .await?;
+        }
+        let mut unknown = Vec::new();
+        if !req.marks.is_empty() {
+            let marks: Vec<(String, Mark)> = req
+                .marks
+                .iter()
+                .map(|(n, m)| (n.as_str().to_owned(), *m))
+                .collect();
+            let matched = store::settings::mark(&db, me.id, &marks).await?;
+            for (name, _) in &req.marks {
+                if name != &me.name
+                    && !matched.iter().any(|m| m == name.as_str())
+                    && !unknown.iter().any(|u| u == name.as_str())
+                {
+                    unknown.push(name.to_string());
+                }
+            }
+        }
+        let now =
+            store::settings::settings(&db, me.id)
+                .await?
+                .ok_or(PhoneError::Unauthenticated(
+                    "this agent is no longer registered",
+                ))?;
+        let (after_contacts, after_blocked) = req.after.unwrap_or_default();
+        let mut contacts =
+            store::settings::list(&db, me.id, true, &after_contacts, LIST_PAGE + 1).await?;
+        let mut blocked =
+            store::settings::list(&db, me.id, false, &after_blocked, LIST_PAGE + 1).await?;
+        let more = contacts.len() as i64 > LIST_PAGE || blocked.len() as i64 > LIST_PAGE;
+        contacts.truncate(LIST_PAGE as usize);
+        blocked.truncate(LIST_PAGE as usize);
+        let next_cursor = more.then(|| {
+            encode_cursor(
+                contacts.last().map_or(&after_contacts, |s| s),
+                blocked.last().map_or(&after_blocked, |s| s),
+            )
+        });
+        Ok(Settings {
+            contact_policy: now.contact_policy,
+            listed: now.listed,
+            contacts,
+            blocked,
+            contacts_total: now.contacts,
+            blocked_total: now.blocked,
+            next_cursor,
+            unknown,
+        })
+    }
+}
