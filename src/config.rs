@@ -6,7 +6,7 @@ use std::{net::IpAddr, time::Duration};
 
 use crate::{
     domain::messages::{MAX_DELIVERIES_DEFAULT, MAX_DELIVERIES_MAX, MailRules, WAIT_SECONDS_MAX},
-    http, store,
+    http, store, webhooks,
 };
 
 pub use crate::telemetry::LogFormat;
@@ -46,6 +46,8 @@ pub struct Config {
     pub mail: MailRules,
     /// Limits on sending (0: off), shared by every replica.
     pub quotas: store::Quotas,
+    /// How webhooks are delivered.
+    pub webhooks: webhooks::Settings,
     /// What the operator should hear at startup (a likely mistake that is
     /// not an error).
     pub warnings: Vec<String>,
@@ -214,11 +216,28 @@ impl Config {
                     1,
                     MAX_DELIVERIES_MAX as usize,
                 )? as u32,
+                webhooks_allow_private: parse(&get, "PHONE_WEBHOOK_ALLOW_PRIVATE", false)?,
             },
             quotas: store::Quotas {
                 sends_per_hour: quota(&get, "PHONE_SEND_QUOTA_PER_HOUR", 0)?,
                 new_recipients_per_day: quota(&get, "PHONE_NEW_RECIPIENT_QUOTA_PER_DAY", 0)?,
                 unread_max: quota(&get, "PHONE_INBOX_UNREAD_MAX", 10_000)?,
+            },
+            webhooks: webhooks::Settings {
+                timeout: Duration::from_secs(bounded(
+                    parse(&get, "PHONE_WEBHOOK_TIMEOUT_SECS", 10)?,
+                    "PHONE_WEBHOOK_TIMEOUT_SECS",
+                    1,
+                    60,
+                )? as u64),
+                allow_private: parse(&get, "PHONE_WEBHOOK_ALLOW_PRIVATE", false)?,
+                first_backoff: Duration::from_millis(bounded(
+                    parse(&get, "PHONE_WEBHOOK_FIRST_RETRY_MS", 5000)?,
+                    "PHONE_WEBHOOK_FIRST_RETRY_MS",
+                    10,
+                    3_600_000,
+                )? as u64),
+                ..webhooks::Settings::default()
             },
             warnings,
         })

@@ -8,6 +8,7 @@
 //! config    the environment, parsed into each layer's settings
 //! http      router, layers, /health, the accept loop
 //! mcp       tool definitions, argument parsing, wire types, rendering, errors
+//! webhooks  the delivery worker: claims due deliveries, POSTs them signed
 //! domain    the rules, in plain types (no SQL, no wire format)
 //! store     pool, migrations, every SQL statement, group commit, LISTEN
 //! telemetry logs, traces, metrics (plain values in)
@@ -21,6 +22,7 @@ pub mod mcp;
 pub mod startup;
 pub mod store;
 pub mod telemetry;
+pub mod webhooks;
 
 pub use config::Config;
 pub use startup::Application;

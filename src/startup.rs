@@ -50,6 +50,11 @@ impl Application {
             stopping.clone(),
         )?;
         let limits = Limits::new(config.auth_failure_limit, config.register_limit);
+        tokio::spawn(crate::webhooks::run(
+            store.clone(),
+            config.webhooks.clone(),
+            stopping.clone(),
+        ));
         let phone = Phone::new(store, stopping.clone(), limits, config.mail);
         let addr = SocketAddr::new(config.bind_address, config.port);
         let listener = TcpListener::bind(addr)

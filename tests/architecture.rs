@@ -17,6 +17,7 @@ const LAYERS: &[&str] = &[
     "config",
     "http",
     "mcp",
+    "webhooks",
     "domain",
     "store",
     "telemetry",

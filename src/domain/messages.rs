@@ -111,6 +111,9 @@ pub struct MailRules {
     /// How often a message is leased out, at most, before it dies (unless
     /// a poll asks for another number).
     pub max_deliveries: u32,
+    /// Webhooks may point at private addresses and use http (local stacks,
+    /// tests).
+    pub webhooks_allow_private: bool,
 }
 
 impl Default for MailRules {
@@ -118,6 +121,7 @@ impl Default for MailRules {
         Self {
             max_wait_secs: WAIT_SECONDS_MAX,
             max_deliveries: MAX_DELIVERIES_DEFAULT,
+            webhooks_allow_private: false,
         }
     }
 }

@@ -15,6 +15,7 @@ pub mod messages;
 pub mod search;
 pub mod settings;
 pub mod types;
+pub mod webhook;
 
 use std::sync::Arc;
 

@@ -4,6 +4,7 @@
 use base64::Engine as _;
 
 use super::types::{AgentName, InvalidInput};
+use super::webhook::{WebhookUrl, new_secret};
 use super::{Caller, Phone, PhoneError};
 use crate::store::{self, settings::Mark};
 
@@ -59,6 +60,9 @@ pub struct SettingsRequest {
     pub marks: Vec<(AgentName, Mark)>,
     /// Where the lists continue (`next_cursor` of the previous answer).
     pub after: Option<(String, String)>,
+    /// `Some(Some(url))` sets the webhook, `Some(None)` clears it.
+    pub webhook: Option<Option<WebhookUrl>>,
+    pub rotate_webhook_secret: bool,
 }
 
 impl SettingsRequest {
@@ -72,6 +76,9 @@ impl SettingsRequest {
         block: &[&str],
         unblock: &[&str],
         cursor: Option<&str>,
+        webhook_url: Option<&str>,
+        rotate_webhook_secret: bool,
+        allow_private: bool,
     ) -> Result<Self, InvalidInput> {
         let mut marks = Vec::new();
         for (field, names, mark) in [
@@ -105,6 +112,12 @@ impl SettingsRequest {
             listed,
             marks,
             after: cursor.map(decode_cursor).transpose()?,
+            webhook: match webhook_url {
+                None => None,
+                Some(raw) if raw.trim().is_empty() => Some(None),
+                Some(raw) => Some(Some(WebhookUrl::parse(raw, allow_private)?)),
+            },
+            rotate_webhook_secret,
         })
     }
 }
@@ -122,6 +135,11 @@ pub struct Settings {
     pub next_cursor: Option<String>,
     /// Names this call could not mark: no such registered agent.
     pub unknown: Vec<String>,
+    pub webhook_url: Option<String>,
+    /// The webhook receives deliveries (false after a 410 Gone).
+    pub webhook_active: bool,
+    /// Shown once: when a webhook is first set, or its secret rotated.
+    pub webhook_secret: Option<String>,
 }
 
 fn encode_cursor(contacts_after: &str, blocked_after: &str) -> String {
@@ -157,6 +175,35 @@ impl Phone {
         req: SettingsRequest,
     ) -> Result<Settings, PhoneError> {
         let db = self.store.db().await?;
+        let mut webhook_secret = None;
+        if req.webhook.is_some() || req.rotate_webhook_secret {
+            let allow_private = self.mail_rules().webhooks_allow_private;
+            let current = store::webhooks::webhook(&db, me.id).await?;
+            let url = match &req.webhook {
+                Some(Some(url)) => {
+                    // Checked now (and before every delivery): a host that
+                    // resolves to a private address is refused.
+                    url.destination(allow_private).await.map_err(|reason| {
+                        InvalidInput::new("webhook_url", format!("is refused: {reason}"))
+                    })?;
+                    Some(url.as_str().to_owned())
+                }
+                Some(None) => None,
+                None => current.url.clone(),
+            };
+            if url.is_none() && req.rotate_webhook_secret {
+                return Err(InvalidInput::new(
+                    "rotate_webhook_secret",
+                    "needs a webhook_url, set now or before",
+                )
+                .into());
+            }
+            let needs_secret = url.is_some()
+                && (req.rotate_webhook_secret || !store::webhooks::has_secret(&db, me.id).await?);
+            let secret = needs_secret.then(new_secret);
+            store::webhooks::set_webhook(&db, me.id, url.as_deref(), secret.as_deref()).await?;
+            webhook_secret = secret;
+        }
         if req.contact_policy.is_some() || req.listed.is_some() {
             store::settings::set_policy(
                 &db,
@@ -203,7 +250,11 @@ impl Phone {
                 blocked.last().map_or(&after_blocked, |s| s),
             )
         });
+        let webhook = store::webhooks::webhook(&db, me.id).await?;
         Ok(Settings {
+            webhook_active: webhook.url.is_some() && !webhook.disabled,
+            webhook_url: webhook.url,
+            webhook_secret,
             contact_policy: now.contact_policy,
             listed: now.listed,
             contacts,

@@ -276,6 +276,9 @@ impl PhoneServer {
                     &args.str_list("block")?,
                     &args.str_list("unblock")?,
                     args.str("cursor")?,
+                    args.str("webhook_url")?,
+                    args.bool("rotate_webhook_secret")?,
+                    phone.mail_rules().webhooks_allow_private,
                 )?;
                 let out = wire::Settings::from(phone.settings(&me, req).await?);
                 Ok((success(&out, render::settings(&out)), nothing()))

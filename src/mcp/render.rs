@@ -251,6 +251,25 @@ pub fn settings(s: &Settings) -> String {
         s.blocked_total,
         list(&s.blocked, s.blocked_total)
     );
+    match (&s.webhook_url, s.webhook_active) {
+        (None, _) => out.push_str("\nWebhook: none."),
+        (Some(url), true) => {
+            let _ = write!(out, "\nWebhook: {}.", quoted(url));
+        }
+        (Some(url), false) => {
+            let _ = write!(
+                out,
+                "\nWebhook: {} (off: it answered 410 Gone; set it again to resume).",
+                quoted(url)
+            );
+        }
+    }
+    if let Some(secret) = &s.webhook_secret {
+        let _ = write!(
+            out,
+            "\nWebhook secret: {secret}\nSave it now: it is not shown again. Verify each POST's webhook-signature with it."
+        );
+    }
     if !s.unknown.is_empty() {
         let _ = write!(out, "\nNo such agents: {}.", s.unknown.join(", "));
     }

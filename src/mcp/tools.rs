@@ -77,6 +77,8 @@ pub const SETTINGS_ARGS: &[&str] = &[
     "block",
     "unblock",
     "cursor",
+    "webhook_url",
+    "rotate_webhook_secret",
 ];
 
 /// `schema` with `description`, unless it is empty (every byte is read).
@@ -239,7 +241,7 @@ pub fn definitions(rules: &MailRules) -> Vec<Tool> {
         .with_annotations(annotations("Read a conversation", true, false, true, false)),
         Tool::new(
             SETTINGS,
-            "Who may write to you, and search listing. Pass nothing to view.",
+            "Who may write to you, search listing, a webhook for new mail. Pass nothing to view.",
             object(
                 true,
                 json!({
@@ -250,6 +252,8 @@ pub fn definitions(rules: &MailRules) -> Vec<Tool> {
                     "disallow": names(""),
                     "block": names("Refuse all mail from"),
                     "unblock": names(""),
+                    "webhook_url": string("https URL POSTed (signed) on new mail; empty: off"),
+                    "rotate_webhook_secret": boolean(""),
                     "cursor": string("next_cursor from before"),
                 }),
                 &[],

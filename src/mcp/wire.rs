@@ -304,6 +304,12 @@ pub struct Settings {
     /// Names this call could not mark: no such agent.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unknown: Vec<String>,
+    pub webhook_url: Option<String>,
+    /// Deliveries go out (false after the destination answered 410).
+    pub webhook_active: bool,
+    /// Shown once (new webhook or rotated): verify signatures with it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub webhook_secret: Option<String>,
 }
 
 impl From<crate::domain::settings::Settings> for Settings {
@@ -317,6 +323,9 @@ impl From<crate::domain::settings::Settings> for Settings {
             blocked_total: s.blocked_total,
             next_cursor: s.next_cursor,
             unknown: s.unknown,
+            webhook_url: s.webhook_url,
+            webhook_active: s.webhook_active,
+            webhook_secret: s.webhook_secret,
         }
     }
 }

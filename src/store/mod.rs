@@ -25,6 +25,7 @@ pub mod search;
 pub mod settings;
 mod tls;
 pub mod wakeup;
+pub mod webhooks;
 
 use std::{sync::Arc, time::Duration};
 
@@ -84,6 +85,8 @@ pub struct Store {
     wakeup: Arc<Wakeup>,
     /// Sends and read polls in flight on this replica, written together.
     mail: batch::Batcher<batch::mail::MailWrite>,
+    /// Notified when this replica queued webhook deliveries.
+    webhooks_due: Arc<tokio::sync::Notify>,
 }
 
 impl Store {
@@ -100,6 +103,7 @@ impl Store {
         let wakeup = Arc::new(Wakeup::default());
         let (listen_config, tls) = pool::connection_config(settings)?;
         tokio::spawn(wakeup.clone().listen(listen_config, tls, stopping));
+        let webhooks_due = Arc::new(tokio::sync::Notify::new());
         let mail = batch::Batcher::new(
             batch::mail::MailWrite {
                 pool: pool.clone(),
@@ -107,6 +111,7 @@ impl Store {
                 wakes: batch::PendingWakes::default(),
                 wakeup: wakeup.clone(),
                 quotas,
+                webhooks_due: webhooks_due.clone(),
             },
             pool.wait_timeout(),
             pool.status().max_size,
@@ -114,7 +119,12 @@ impl Store {
         let waiters = Arc::downgrade(&wakeup);
         let waiters: std::sync::Weak<dyn metrics::Waiters> = waiters;
         metrics::watch(pool.weak(), waiters);
-        Ok(Self { pool, wakeup, mail })
+        Ok(Self {
+            pool,
+            wakeup,
+            mail,
+            webhooks_due,
+        })
     }
 
     /// A pooled connection, for the statements of `agents`, `messages`, ….
@@ -128,6 +138,11 @@ impl Store {
 
     pub fn wakeup(&self) -> &Arc<Wakeup> {
         &self.wakeup
+    }
+
+    /// Notified when this replica queued webhook deliveries.
+    pub fn webhooks_due(&self) -> &Arc<tokio::sync::Notify> {
+        &self.webhooks_due
     }
 
     /// Stores one message, together with the other sends and read polls in

@@ -9,6 +9,9 @@
 //! | `phone.tool.duration` (s) | histogram | `tool`, `outcome` |
 //! | `phone.messages.sent` | counter | — (replayed idempotent sends are not counted) |
 //! | `phone.messages.read` | counter | `mode` (read: marked read by a poll; lease: handed out under a lease) |
+//! | `phone.webhook.attempts` | counter | `outcome` (delivered, retry, failed, gone) |
+//! | `phone.webhook.queue` | gauge (observed) | — (deliveries waiting; updated every 10 s by each replica's worker) |
+//! | `phone.webhook.oldest_age` (s) | gauge (observed) | — (how long the oldest waiting delivery has waited) |
 //! | `phone.auth.failures` | counter | `reason` (unknown_token, name_mismatch, wrong_token_for_name), `claimed_name` (a name was claimed) |
 //! | `db.client.operation.duration` (s) | histogram | `db.system.name`, `db.operation.name`, `db.collection.name`, `outcome` |
 //! | `db.client.connection.wait_time` (s) | histogram | `db.client.connection.pool.name` |
@@ -18,7 +21,10 @@
 //! | `phone.inbox.waiters` | gauge (observed) | — (long polls waiting on this replica) |
 
 use std::{
-    sync::{Arc, Mutex, OnceLock, Weak},
+    sync::{
+        Arc, Mutex, OnceLock, Weak,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
@@ -46,12 +52,17 @@ struct Instruments {
     messages_sent: Counter<u64>,
     messages_read: Counter<u64>,
     auth_failures: Counter<u64>,
+    webhook_attempts: Counter<u64>,
     db_duration: Histogram<f64>,
     pool_wait: Histogram<f64>,
+    /// Kept alive: their callbacks report while they exist.
+    #[allow(clippy::type_complexity)]
     _observed: (
         ObservableUpDownCounter<i64>,
         ObservableUpDownCounter<i64>,
         ObservableUpDownCounter<i64>,
+        ObservableGauge<u64>,
+        ObservableGauge<f64>,
         ObservableGauge<u64>,
     ),
 }
@@ -114,6 +125,11 @@ pub(crate) fn install(meter: &Meter) {
                 "Failed authentications, by reason; a rise means someone guesses tokens",
             )
             .build(),
+        webhook_attempts: meter
+            .u64_counter("phone.webhook.attempts")
+            .with_unit("{attempt}")
+            .with_description("Webhook delivery attempts, by outcome")
+            .build(),
         db_duration: histogram(
             "db.client.operation.duration",
             "Duration of database statements",
@@ -164,6 +180,22 @@ pub(crate) fn install(meter: &Meter) {
                 .with_callback(move |observer| {
                     let (waiting, _) = pool_totals(|s| (s.waiting as i64, 0));
                     observer.observe(waiting, &[pool_attr()]);
+                })
+                .build(),
+            meter
+                .u64_observable_gauge("phone.webhook.queue")
+                .with_unit("{delivery}")
+                .with_description("Webhook deliveries waiting")
+                .with_callback(|observer| {
+                    observer.observe(WEBHOOK_QUEUE.load(Ordering::Relaxed), &[]);
+                })
+                .build(),
+            meter
+                .f64_observable_gauge("phone.webhook.oldest_age")
+                .with_unit("s")
+                .with_description("How long the oldest waiting webhook delivery has waited")
+                .with_callback(|observer| {
+                    observer.observe(f64::from_bits(WEBHOOK_OLDEST.load(Ordering::Relaxed)), &[]);
                 })
                 .build(),
             meter
@@ -281,6 +313,22 @@ pub fn tool_call(call: ToolCall, elapsed: Duration) {
     if let Some((mode, n)) = call.messages_read.filter(|(_, n)| *n > 0) {
         m.messages_read.add(n, &[KeyValue::new("mode", mode)]);
     }
+}
+
+static WEBHOOK_QUEUE: AtomicU64 = AtomicU64::new(0);
+static WEBHOOK_OLDEST: AtomicU64 = AtomicU64::new(0);
+
+/// The webhook queue as a worker last saw it.
+pub fn webhook_queue(depth: i64, oldest_secs: f64) {
+    WEBHOOK_QUEUE.store(depth.max(0) as u64, Ordering::Relaxed);
+    WEBHOOK_OLDEST.store(oldest_secs.max(0.0).to_bits(), Ordering::Relaxed);
+}
+
+/// One webhook delivery attempt.
+pub fn webhook_attempt(outcome: &'static str) {
+    let Some(m) = INSTRUMENTS.get() else { return };
+    m.webhook_attempts
+        .add(1, &[KeyValue::new("outcome", outcome)]);
 }
 
 /// One failed authentication (never with the name or token itself: the

@@ -42,6 +42,8 @@ pub(crate) struct MailWrite {
     /// This replica's waiters, woken here when a NOTIFY fails.
     pub wakeup: Arc<Wakeup>,
     pub quotas: Quotas,
+    /// Nudges this replica's webhook worker when a batch queued deliveries.
+    pub webhooks_due: Arc<tokio::sync::Notify>,
 }
 
 /// Limits on sending, shared by every replica (0: off).
@@ -149,6 +151,7 @@ impl Write for MailWrite {
             .collect();
         let mut stored_for = Vec::new();
         let mut to_notify = Vec::new();
+        let mut hooked = false;
         for row in &rows {
             // Rows of neither kind name a waiting recipient to notify.
             let Some(is_poll) = row.get::<_, Option<bool>>("is_poll") else {
@@ -168,6 +171,9 @@ impl Write for MailWrite {
             match outcome {
                 MailDone::Polled(polled) => polled.add_row(row),
                 MailDone::Sent(sent) => {
+                    if row.get::<_, Option<bool>>("hooked") == Some(true) {
+                        hooked = true;
+                    }
                     *sent = SendOutcome::from_row(row);
                     if let Some(recipient) = row.get::<_, Option<i64>>("recipient_id") {
                         stored_for.push(recipient);
@@ -176,6 +182,11 @@ impl Write for MailWrite {
             }
         }
         self.wakes.add(stored_for);
+        if hooked {
+            // This replica's webhook worker looks at once (any replica's
+            // would find the delivery on its own next look).
+            self.webhooks_due.notify_one();
+        }
         if !to_notify.is_empty() {
             // In a transaction of its own: a NOTIFY that fails (a full
             // notification queue, say) fails only the wake-ups.
@@ -301,7 +312,7 @@ static MAIL_BATCH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
          touched AS ({touch})
          SELECT true AS is_poll, me.ord, me.id AS me_id, {columns},
                 waiting.n - waiting.taken AS waiting, NULL::bigint AS recipient_id,
-                NULL::text AS refusal
+                NULL::text AS refusal, NULL::bool AS hooked
          FROM me
          JOIN waiting ON waiting.agent = me.id
          LEFT JOIN (SELECT picked.ord, taken.* FROM taken JOIN picked ON picked.id = taken.id) m
@@ -309,14 +320,15 @@ static MAIL_BATCH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
          {SENDER_LOOKUP}
          UNION ALL
          SELECT false, rs.ord, rs.sender_id, i.id, NULL, NULL, NULL, NULL, NULL, NULL,
-                i.thread_id, i.sent_at, NULL, NULL, NULL, NULL, NULL, i.recipient_id, d.refusal
+                i.thread_id, i.sent_at, NULL, NULL, NULL, NULL, NULL, i.recipient_id, d.refusal,
+                rs.hooked AND i.id IS NOT NULL
          FROM resolved rs
          JOIN decided d ON d.ord = rs.ord
          LEFT JOIN numbered n ON n.ord = rs.ord
          LEFT JOIN inserted i ON i.id = n.id
          UNION ALL
          SELECT NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                NULL, NULL, NULL, NULL, NULL, NULL, NULL, w.agent_id, NULL
+                NULL, NULL, NULL, NULL, NULL, NULL, NULL, w.agent_id, NULL, NULL
          FROM woken CROSS JOIN unnest(woken.ids) AS w(agent_id)
          ORDER BY is_poll, ord, id"
     )

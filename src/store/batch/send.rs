@@ -118,7 +118,8 @@ pub(super) static NOTIFY_SQL: std::sync::LazyLock<String> = std::sync::LazyLock:
 /// to the recipient's own message passes any other policy); `counted` and
 /// `verdict` the quotas, for the sends the policy let through (several
 /// sends of one sender in the batch count in order); `inserted` what was
-/// stored; `refusals` logs the rest. Each lookup is a LATERAL subquery with
+/// stored; `refusals` logs the rest; `hooked` queues a webhook delivery for
+/// each message to a recipient with a webhook (nothing for the others). Each lookup is a LATERAL subquery with
 /// OFFSET 0, so it stays one index probe per send whatever the planner
 /// thinks of the arrays; quota work that is off does not run (one-time
 /// filters on the parameters). Indexes: token, names, `contacts` and
@@ -139,18 +140,20 @@ pub(super) fn sends() -> String {
     resolved AS (
         SELECT r.ord, r.answers_recipient, me.id AS sender_id, me.project AS sender_project,
                me.last_seen_at, recipient.id AS recipient_id, recipient.project AS recipient_project,
-               recipient.contact_policy, recipient.suspended
+               recipient.contact_policy, recipient.suspended, recipient.hooked
         FROM sreq r
         LEFT JOIN LATERAL (
             SELECT id, project, last_seen_at FROM agents
             WHERE {caller}
             OFFSET 0) me ON true
         LEFT JOIN LATERAL (
-            SELECT a.id, a.project, a.contact_policy, a.suspended_at IS NOT NULL AS suspended
+            SELECT a.id, a.project, a.contact_policy, a.suspended_at IS NOT NULL AS suspended,
+                   a.webhook_url IS NOT NULL AND a.webhook_disabled_at IS NULL AS hooked
             FROM agents a
             WHERE r.to_id IS NULL AND a.name = r.to_name AND a.unregistered_at IS NULL
             UNION ALL
-            SELECT a.id, a.project, a.contact_policy, a.suspended_at IS NOT NULL
+            SELECT a.id, a.project, a.contact_policy, a.suspended_at IS NOT NULL,
+                   a.webhook_url IS NOT NULL AND a.webhook_disabled_at IS NULL
             FROM agents a WHERE a.id = r.to_id AND a.unregistered_at IS NULL
         ) recipient ON me.id IS NOT NULL),
     judged AS (
@@ -230,7 +233,12 @@ pub(super) fn sends() -> String {
         ON CONFLICT DO NOTHING),
     refusals AS (
         INSERT INTO refused_sends (sender_id, recipient_id, reason)
-        SELECT sender_id, recipient_id, refusal FROM decided WHERE refusal IS NOT NULL)"
+        SELECT sender_id, recipient_id, refusal FROM decided WHERE refusal IS NOT NULL),
+    hooked AS (
+        INSERT INTO webhook_deliveries (agent_id, message_id)
+        SELECT i.recipient_id, i.id FROM inserted i
+        WHERE i.recipient_id IN (SELECT recipient_id FROM resolved WHERE hooked)
+        RETURNING agent_id)"
     )
 }
 

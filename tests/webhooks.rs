@@ -1,0 +1,360 @@
+//! Webhooks: set in phone_settings (secret shown once), refused for
+//! non-https and private destinations, delivered signed (Standard
+//! Webhooks) by the server to a real local receiver, retried with the same
+//! webhook-id, switched off on 410, never redirected, a few at a time per
+//! destination; sends to agents without a webhook queue nothing.
+
+mod common;
+
+use std::{
+    collections::VecDeque,
+    net::SocketAddr,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use axum::{
+    Router,
+    body::Bytes,
+    extract::State,
+    http::{HeaderMap, StatusCode},
+    routing::post,
+};
+use base64::Engine as _;
+use common::*;
+use hmac::{Hmac, KeyInit, Mac};
+use serde_json::{Value, json};
+
+#[derive(Clone, Debug)]
+struct Received {
+    path: String,
+    headers: HeaderMap,
+    body: String,
+}
+
+#[derive(Default)]
+struct Receiver {
+    got: Mutex<Vec<Received>>,
+    /// Statuses to answer, in order; then 200.
+    script: Mutex<VecDeque<u16>>,
+    delay: Mutex<Duration>,
+    now: AtomicUsize,
+    most: AtomicUsize,
+}
+
+async fn hook(
+    State(r): State<Arc<Receiver>>,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> (StatusCode, [(&'static str, &'static str); 1], &'static str) {
+    let now = r.now.fetch_add(1, Ordering::SeqCst) + 1;
+    r.most.fetch_max(now, Ordering::SeqCst);
+    let delay = *r.delay.lock().unwrap();
+    tokio::time::sleep(delay).await;
+    r.got.lock().unwrap().push(Received {
+        path: uri.path().to_owned(),
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    });
+    let status = r.script.lock().unwrap().pop_front().unwrap_or(200);
+    r.now.fetch_sub(1, Ordering::SeqCst);
+    (
+        StatusCode::from_u16(status).unwrap(),
+        [("location", "/elsewhere")],
+        "ok",
+    )
+}
+
+async fn receiver() -> (Arc<Receiver>, SocketAddr) {
+    let state = Arc::new(Receiver::default());
+    let app = Router::new()
+        .route("/hook", post(hook))
+        .route("/elsewhere", post(hook))
+        .with_state(state.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (state, addr)
+}
+
+async fn until_received(r: &Receiver, n: usize) -> Vec<Received> {
+    for _ in 0..300 {
+        if r.got.lock().unwrap().len() >= n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let got = r.got.lock().unwrap().clone();
+    assert!(got.len() >= n, "{} of {n} deliveries arrived", got.len());
+    got
+}
+
+fn verify(secret: &str, delivery: &Received) {
+    let header = |name: &str| {
+        delivery
+            .headers
+            .get(name)
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_owned()
+    };
+    let key = base64::engine::general_purpose::STANDARD
+        .decode(secret.strip_prefix("whsec_").unwrap())
+        .unwrap();
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(&key).unwrap();
+    mac.update(
+        format!(
+            "{}.{}.{}",
+            header("webhook-id"),
+            header("webhook-timestamp"),
+            delivery.body
+        )
+        .as_bytes(),
+    );
+    let expected = base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes());
+    assert_eq!(header("webhook-signature"), format!("v1,{expected}"));
+}
+
+const LOCAL: [(&str, &str); 2] = [
+    ("PHONE_WEBHOOK_ALLOW_PRIVATE", "true"),
+    ("PHONE_WEBHOOK_FIRST_RETRY_MS", "50"),
+];
+
+#[tokio::test]
+async fn destinations_must_be_https_and_public() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let me = register(&c, "me", "M", "p").await;
+    for (url, says) in [
+        ("http://agent.example.com/hook", "must be an https:// URL"),
+        ("https://127.0.0.1:8443/hook", "not a public address"),
+        ("https://localhost/hook", "not a public address"),
+        ("https://[::1]/hook", "not a public address"),
+        (
+            "https://169.254.169.254/latest/meta-data",
+            "not a public address",
+        ),
+        ("https://user:pw@agent.example.com/", "credentials"),
+        ("not a url", "is not a URL"),
+    ] {
+        let err = tool_err(&c, "phone_settings", me.with(json!({"webhook_url": url}))).await;
+        assert!(err.contains(says), "{url}: {err}");
+    }
+    let err = tool_err(
+        &c,
+        "phone_settings",
+        me.with(json!({"rotate_webhook_secret": true})),
+    )
+    .await;
+    assert!(err.contains("needs a webhook_url"), "{err}");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_new_message_is_delivered_signed_without_its_body() {
+    let (hooks, addr) = receiver().await;
+    let app = spawn_app_with(&LOCAL).await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "lab").await;
+    let svc = register(&c, "service", "S", "p").await;
+    let url = format!("http://{addr}/hook");
+    let set = ok(&c, "phone_settings", svc.with(json!({"webhook_url": url}))).await;
+    let secret = set["webhook_secret"].as_str().unwrap().to_owned();
+    assert!(secret.starts_with("whsec_"), "{set}");
+    assert_eq!(set["webhook_url"], url);
+    assert_eq!(set["webhook_active"], true);
+    // Shown once.
+    let again = ok(&c, "phone_settings", svc.with(json!({}))).await;
+    assert!(again.get("webhook_secret").is_none(), "{again}");
+
+    let sent = ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "service", "subject": "job", "body": "the secret body text"})),
+    )
+    .await;
+    let got = until_received(&hooks, 1).await;
+    let d = &got[0];
+    assert_eq!(d.path, "/hook");
+    assert_eq!(d.headers["webhook-id"], sent["id"].as_str().unwrap());
+    verify(&secret, d);
+    let body: Value = serde_json::from_str(&d.body).unwrap();
+    assert_eq!(body["type"], "message.received");
+    assert_eq!(body["data"]["id"], sent["id"]);
+    assert_eq!(body["data"]["from"], "alice");
+    assert_eq!(body["data"]["from_project"], "lab");
+    assert_eq!(body["data"]["to"], "service");
+    assert_eq!(body["data"]["subject"], "job");
+    assert_eq!(body["data"]["thread_id"], sent["thread_id"]);
+    assert!(
+        !d.body.contains("the secret body text"),
+        "the body travelled: {}",
+        d.body
+    );
+    // The mail itself waits in the inbox as always.
+    let inbox = ok(&c, "phone_inbox", svc.with(json!({}))).await;
+    assert_eq!(inbox["messages"][0]["body"], "the secret body text");
+
+    // Rotating: a new secret, and deliveries signed with it.
+    let rotated = ok(
+        &c,
+        "phone_settings",
+        svc.with(json!({"rotate_webhook_secret": true})),
+    )
+    .await;
+    let new_secret = rotated["webhook_secret"].as_str().unwrap().to_owned();
+    assert_ne!(new_secret, secret);
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "service", "body": "two"})),
+    )
+    .await;
+    let got = until_received(&hooks, 2).await;
+    verify(&new_secret, &got[1]);
+    // Cleared: nothing more is queued.
+    let cleared = ok(&c, "phone_settings", svc.with(json!({"webhook_url": ""}))).await;
+    assert_eq!(cleared["webhook_url"], Value::Null);
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "service", "body": "three"})),
+    )
+    .await;
+    assert_eq!(
+        app.count("SELECT count(*) FROM webhook_deliveries").await,
+        2
+    );
+    // Agents without a webhook never had anything queued.
+    ok(
+        &c,
+        "phone_send",
+        svc.with(json!({"to": "alice", "body": "to one without"})),
+    )
+    .await;
+    assert_eq!(
+        app.count("SELECT count(*) FROM webhook_deliveries d JOIN agents a ON a.id = d.agent_id WHERE a.name = 'alice'")
+            .await,
+        0
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn failures_are_retried_with_the_same_id_and_410_switches_it_off() {
+    let (hooks, addr) = receiver().await;
+    hooks.script.lock().unwrap().extend([500, 503, 200]);
+    let app = spawn_app_with(&LOCAL).await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let svc = register(&c, "service", "S", "p").await;
+    ok(
+        &c,
+        "phone_settings",
+        svc.with(json!({"webhook_url": format!("http://{addr}/hook")})),
+    )
+    .await;
+    let sent = ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "service", "body": "x"})),
+    )
+    .await;
+    let got = until_received(&hooks, 3).await;
+    let ids: Vec<&str> = got
+        .iter()
+        .map(|d| d.headers["webhook-id"].to_str().unwrap())
+        .collect();
+    assert!(
+        ids.iter().all(|id| *id == sent["id"].as_str().unwrap()),
+        "{ids:?}"
+    );
+    let db = app.db().await;
+    wait_until(
+        &db,
+        "the delivery is done",
+        "SELECT state = 'delivered' AND attempts = 3 FROM webhook_deliveries",
+    )
+    .await;
+
+    // 410 Gone: switched off, nothing more goes out.
+    hooks.script.lock().unwrap().push_back(410);
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "service", "body": "y"})),
+    )
+    .await;
+    until_received(&hooks, 4).await;
+    wait_until(
+        &db,
+        "the webhook is off",
+        "SELECT webhook_disabled_at IS NOT NULL FROM agents WHERE name = 'service'",
+    )
+    .await;
+    let now = ok(&c, "phone_settings", svc.with(json!({}))).await;
+    assert_eq!(now["webhook_active"], false, "{now}");
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "service", "body": "z"})),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        hooks.got.lock().unwrap().len(),
+        4,
+        "a disabled webhook was called"
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn redirects_are_not_followed_and_bursts_are_bounded_per_destination() {
+    let (hooks, addr) = receiver().await;
+    hooks.script.lock().unwrap().push_back(302);
+    let app = spawn_app_with(&LOCAL).await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let svc = register(&c, "service", "S", "p").await;
+    ok(
+        &c,
+        "phone_settings",
+        svc.with(json!({"webhook_url": format!("http://{addr}/hook")})),
+    )
+    .await;
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "service", "body": "first"})),
+    )
+    .await;
+    let got = until_received(&hooks, 2).await;
+    assert!(
+        got.iter().all(|d| d.path == "/hook"),
+        "a redirect was followed"
+    );
+
+    // A burst of 40: at most 4 at once reach the destination.
+    *hooks.delay.lock().unwrap() = Duration::from_millis(100);
+    for i in 0..40 {
+        ok(
+            &c,
+            "phone_send",
+            alice.with(json!({"to": "service", "body": format!("b{i}")})),
+        )
+        .await;
+    }
+    until_received(&hooks, 42).await;
+    let most = hooks.most.load(Ordering::SeqCst);
+    assert!(
+        (2..=4).contains(&most),
+        "{most} deliveries at once to one destination"
+    );
+    app.stop().await;
+}
