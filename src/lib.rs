@@ -3,6 +3,7 @@
 //! Layers, each importing only those below it:
 //!
 //! ```text
+//! hook      Claude Code hooks (`phone hook …`): an MCP client of a server
 //! admin     the operator's commands (`phone admin …`), against the database
 //! startup   composition root: Config -> each layer's settings -> serve
 //! config    the environment, parsed into each layer's settings
@@ -17,6 +18,7 @@
 pub mod admin;
 pub mod config;
 pub mod domain;
+pub mod hook;
 pub mod http;
 pub mod mcp;
 pub mod startup;

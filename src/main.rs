@@ -13,6 +13,9 @@ async fn main() -> ExitCode {
     if args.first().map(String::as_str) == Some("admin") {
         return admin(&args[1..]).await;
     }
+    if args.first().map(String::as_str) == Some("hook") {
+        return hook(&args[1..]).await;
+    }
     let config = match Config::from_env() {
         Ok(config) => config,
         Err(e) => {
@@ -74,4 +77,22 @@ async fn admin(args: &[String]) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `phone hook …`: Claude Code hooks, talking to `PHONE_URL` as the agent
+/// of `PHONE_TOKEN`. Reads the hook's JSON input from stdin.
+async fn hook(args: &[String]) -> ExitCode {
+    use tokio::io::AsyncReadExt as _;
+    let mut stdin = String::new();
+    // Claude Code always sends input; by hand there may be none (a terminal).
+    if !std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+        let _ = tokio::io::stdin()
+            .take(1 << 20)
+            .read_to_string(&mut stdin)
+            .await;
+    }
+    let outcome = phone::hook::run(args, &stdin, &|key| std::env::var(key).ok()).await;
+    print!("{}", outcome.stdout);
+    eprint!("{}", outcome.stderr);
+    ExitCode::from(outcome.code)
 }

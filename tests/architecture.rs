@@ -12,6 +12,7 @@ use std::{
 /// Top to bottom; each may import only those after it.
 const LAYERS: &[&str] = &[
     "main",
+    "hook",
     "admin",
     "startup",
     "config",

@@ -1,0 +1,52 @@
+//! What the stop hook blocked for last time, per Claude Code session and
+//! agent: one small JSON file, replaced atomically.
+
+use std::collections::BTreeSet;
+use std::io;
+use std::path::PathBuf;
+
+use sha2::{Digest, Sha256};
+
+pub struct Memory {
+    file: PathBuf,
+}
+
+impl Memory {
+    /// None without a session id or a state directory: nothing to key on.
+    pub fn open(
+        env: &dyn Fn(&str) -> Option<String>,
+        session_id: Option<&str>,
+        token: &str,
+    ) -> Option<Memory> {
+        let session = session_id.filter(|s| !s.is_empty())?;
+        let dir = super::state_dir(env)?;
+        // Hashed: the file name shows neither the session nor the token.
+        let mut key = Sha256::new();
+        key.update(session.as_bytes());
+        key.update([0]);
+        key.update(token.as_bytes());
+        let key = key.finalize();
+        let name: String = key[..12].iter().map(|b| format!("{b:02x}")).collect();
+        Some(Memory {
+            file: dir.join(format!("claude-stop-{name}.json")),
+        })
+    }
+
+    /// The ids blocked for last time; empty when unknown or unreadable.
+    pub fn load(&self) -> BTreeSet<String> {
+        std::fs::read(&self.file)
+            .ok()
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .unwrap_or_default()
+    }
+
+    pub fn save(&self, ids: &BTreeSet<String>) -> io::Result<()> {
+        let dir = self.file.parent().unwrap_or(self.file.as_path());
+        std::fs::create_dir_all(dir)?;
+        let tmp = self
+            .file
+            .with_extension(format!("tmp{}", std::process::id()));
+        std::fs::write(&tmp, serde_json::to_vec(ids)?)?;
+        std::fs::rename(&tmp, &self.file)
+    }
+}
