@@ -8,7 +8,7 @@ run:
 test:
 	@scripts/test.sh
 
-## chaos: the fault suite (kill -9, PostgreSQL crash, network cut, pool exhaustion, slow clients; ~3 min) on its own PostgreSQL; see docs/RELIABILITY.md
+## chaos: the fault suite (kill -9, PostgreSQL crash, network cut, pool exhaustion, slow clients, vanishing callers, a replica killed mid webhook delivery; ~4 min) on its own PostgreSQL; see docs/RELIABILITY.md
 chaos:
 	@scripts/chaos.sh
 

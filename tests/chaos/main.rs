@@ -18,6 +18,7 @@ mod client;
 mod harness;
 mod slow;
 mod vanish;
+mod webhooks;
 mod workload;
 
 use std::{
@@ -890,6 +891,15 @@ async fn slow_clients_and_idle_connections() {
 #[ignore = "chaos suite: run with `make chaos`"]
 async fn callers_vanish() {
     vanish::callers_vanish().await;
+}
+
+// ---------------------------------------------------------------------------
+// 7. A replica killed while it delivers webhooks.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "chaos suite: run with `make chaos`"]
+async fn replica_killed_mid_webhook_delivery() {
+    webhooks::replica_killed_mid_delivery().await;
 }
 
 /// A quick sanity check of the harness itself (also `#[ignore]`d): one
