@@ -271,6 +271,8 @@ fn page<T>(mut rows: Vec<T>, limit: u32, id: impl Fn(&T) -> i64) -> (Vec<T>, Opt
 
 /// Without notifications (listener reconnecting), waiters re-check this often.
 const FALLBACK_RECHECK: Duration = Duration::from_secs(2);
+/// An inbox watch renews its waiter row this often.
+const WATCH_RENEW: Duration = Duration::from_secs(60);
 
 impl Phone {
     pub async fn send(
@@ -459,6 +461,45 @@ impl Phone {
         let phone = self.clone();
         tokio::spawn(async move { phone.remove_waiter(waiter_id).await });
         outcome
+    }
+
+    /// Calls `updated` whenever mail arrives for `me` (a wake-up from any
+    /// replica; a burst coalesces into one call), until `stop`, the server's
+    /// shutdown, `until`, or `updated` answers false (its listener left). A
+    /// hint only: the mail itself waits in the inbox whatever happens here.
+    pub async fn watch_inbox<F, Fut>(
+        &self,
+        me: &Caller,
+        stop: &tokio_util::sync::CancellationToken,
+        until: tokio::time::Instant,
+        mut updated: F,
+    ) -> Result<(), PhoneError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let mut subscription = self.store.wakeup().subscribe(me.id);
+        loop {
+            // Senders notify only agents with a live waiter row: renew it
+            // before it expires.
+            let waiter_id = self.add_waiter(me.id, WATCH_RENEW).await?;
+            let renew_at = (tokio::time::Instant::now() + WATCH_RENEW).min(until);
+            let go_on = loop {
+                tokio::select! {
+                    changed = subscription.changes.changed() => {
+                        if changed.is_err() || !updated().await { break false; }
+                    }
+                    _ = tokio::time::sleep_until(renew_at) => break renew_at < until,
+                    _ = stop.cancelled() => break false,
+                    _ = self.shutdown.cancelled() => break false,
+                }
+            };
+            let phone = self.clone();
+            tokio::spawn(async move { phone.remove_waiter(waiter_id).await });
+            if !go_on {
+                return Ok(());
+            }
+        }
     }
 
     async fn add_waiter(&self, me_id: i64, wait: Duration) -> Result<i64, PhoneError> {

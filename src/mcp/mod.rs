@@ -7,16 +7,18 @@ mod args;
 mod auth;
 mod errors;
 mod render;
+pub mod resources;
 pub mod tools;
 pub mod wire;
 
 use std::sync::Arc;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
-    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListResourcesResult,
+    ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse,
+    ServerCapabilities, ServerConfig, SubscriptionFilter, Tool,
 };
-use rmcp::service::{RequestContext, RoleServer};
+use rmcp::service::{RequestContext, RoleServer, SubscriptionContext};
 use rmcp::{ErrorData as McpError, ServerHandler};
 use tracing::Instrument;
 
@@ -42,12 +44,18 @@ pub struct PhoneServer(Arc<Surface>);
 
 impl PhoneServer {
     pub fn new(phone: Phone) -> Self {
-        let info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(
-                Implementation::new("phone", env!("CARGO_PKG_VERSION"))
-                    .with_title("phone: mailbox and address book for AI agents"),
-            )
-            .with_instructions(tools::INSTRUCTIONS);
+        let info = ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_resources()
+                .enable_resources_subscribe()
+                .build(),
+        )
+        .with_server_info(
+            Implementation::new("phone", env!("CARGO_PKG_VERSION"))
+                .with_title("phone: mailbox and address book for AI agents"),
+        )
+        .with_instructions(tools::INSTRUCTIONS);
         let tools = tools::definitions(phone.mail_rules());
         Self(Arc::new(Surface { phone, tools, info }))
     }
@@ -75,6 +83,35 @@ impl ServerHandler for PhoneServer {
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
         Ok(ListToolsResult::with_all_items(self.0.tools.clone()))
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, McpError> {
+        Ok(resources::list())
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, McpError> {
+        resources::read(&self.0.phone, request, &context)
+            .await
+            .map(Into::into)
+    }
+
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        resources::accepted(requested)
+    }
+
+    async fn listen(&self, subscription: SubscriptionContext) -> Result<(), McpError> {
+        resources::listen(&self.0.phone, subscription).await
     }
 
     async fn call_tool(

@@ -1,0 +1,163 @@
+//! The inbox as a resource (`phone://inbox`): read without consuming, and
+//! a 2026-07-28 `subscriptions/listen` stream that gets
+//! `notifications/resources/updated` when mail arrives through any replica.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use rmcp::model::{
+    ReadResourceRequestParams, ResourceContents, ServerNotification, SubscriptionFilter,
+};
+use serde_json::json;
+
+fn inbox_filter() -> SubscriptionFilter {
+    SubscriptionFilter::builder()
+        .resource_subscriptions(["phone://inbox"])
+        .build()
+}
+
+#[tokio::test]
+async fn reading_the_inbox_resource_shows_unread_mail_and_marks_nothing() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "sends", "p").await;
+    let bob = register(&c, "bob", "receives", "q").await;
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "bob", "subject": "hello", "body": "first"})),
+    )
+    .await;
+
+    let as_bob = app.client_with(Some(&bob.token)).await;
+    let listed = as_bob.list_all_resources().await.expect("resources/list");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].uri, "phone://inbox");
+    let read = as_bob
+        .read_resource(ReadResourceRequestParams::new("phone://inbox"))
+        .await
+        .expect("resources/read");
+    let text = match &read.contents[0] {
+        ResourceContents::TextResourceContents { text, .. } => text.clone(),
+        other => panic!("expected text, got {other:?}"),
+    };
+    assert!(
+        text.contains("from alice") && text.contains("first"),
+        "{text}"
+    );
+    assert_eq!(
+        ok(&c, "phone_inbox", bob.with(json!({}))).await["messages"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1,
+        "reading the resource consumed nothing"
+    );
+
+    let anonymous = app.client().await;
+    let err = anonymous
+        .read_resource(ReadResourceRequestParams::new("phone://inbox"))
+        .await
+        .expect_err("no token, no inbox");
+    assert!(err.to_string().contains("authentication required"), "{err}");
+    let err = as_bob
+        .read_resource(ReadResourceRequestParams::new("phone://outbox"))
+        .await
+        .expect_err("unknown resource");
+    assert!(err.to_string().contains("phone://inbox"), "{err}");
+}
+
+#[tokio::test]
+async fn a_listener_is_told_when_mail_arrives_through_another_replica() {
+    let database_url = fresh_database().await;
+    let a = spawn_app_on(&database_url, &[]).await;
+    let b = spawn_app_on(&database_url, &[]).await;
+    let c = b.client().await;
+    let alice = register(&c, "alice", "sends", "p").await;
+    let bob = register(&c, "bob", "receives", "q").await;
+    let carol = register(&c, "carol", "receives", "q").await;
+
+    let listener = a.modern_client(Some(&bob.token)).await;
+    let mut subscription = listener
+        .listen(inbox_filter())
+        .await
+        .expect("subscriptions/listen");
+    assert_eq!(
+        subscription
+            .acknowledged()
+            .resource_subscriptions
+            .as_deref(),
+        Some(&["phone://inbox".to_owned()][..])
+    );
+    // Mail for someone else says nothing to bob.
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "carol", "body": "not for bob"})),
+    )
+    .await;
+    let quiet = tokio::time::timeout(Duration::from_millis(700), subscription.next()).await;
+    assert!(
+        quiet.is_err(),
+        "no notification for another agent's mail: {quiet:?}"
+    );
+
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "bob", "body": "wake"})),
+    )
+    .await;
+    let note = tokio::time::timeout(Duration::from_secs(10), subscription.next())
+        .await
+        .expect("a notification within 10 s")
+        .expect("the stream is open")
+        .expect("a notification, not the end");
+    match note {
+        ServerNotification::ResourceUpdatedNotification(n) => {
+            assert_eq!(n.params.uri, "phone://inbox")
+        }
+        other => panic!("expected resources/updated, got {other:?}"),
+    }
+    // The notification carries nothing; the mail waits for bob's poll.
+    let inbox = ok(&c, "phone_inbox", bob.with(json!({}))).await;
+    assert_eq!(inbox["messages"][0]["body"], "wake");
+    let _ = carol;
+
+    // Again: one stream, many arrivals.
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "bob", "body": "again"})),
+    )
+    .await;
+    let again = tokio::time::timeout(Duration::from_secs(10), subscription.next()).await;
+    assert!(
+        matches!(
+            again,
+            Ok(Ok(Some(ServerNotification::ResourceUpdatedNotification(_))))
+        ),
+        "{again:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_listen_without_a_valid_token_is_refused() {
+    let app = spawn_app().await;
+    let stranger = app.modern_client(None).await;
+    let refused = stranger.listen(inbox_filter()).await;
+    match refused {
+        Err(e) => assert!(e.to_string().contains("authentication"), "{e}"),
+        Ok(mut s) => {
+            // The acknowledgment precedes the check; the stream then ends
+            // with the error.
+            let end = tokio::time::timeout(Duration::from_secs(5), s.next())
+                .await
+                .expect("the stream ends at once");
+            let text = format!("{end:?}");
+            assert!(text.contains("authentication"), "{text}");
+        }
+    }
+}
