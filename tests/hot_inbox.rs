@@ -132,7 +132,9 @@ async fn many_lease_workers_of_one_inbox_get_every_message_exactly_once() {
 /// share goes back, and nothing is lost or doubled.
 #[tokio::test]
 async fn pollers_of_one_inbox_in_one_batch_and_one_that_leaves() {
-    let app = spawn_app().await;
+    // The held polls wait for their batch while the lock is held: on a
+    // loaded machine that can pass the default 2 s pool timeout ("busy").
+    let app = spawn_app_with(&[("PHONE_POOL_TIMEOUT_MS", "10000")]).await;
     let c = app.client().await;
     let alice = register(&c, "alice", "A", "p").await;
     let help = register(&c, "helpdesk", "H", "p").await;
