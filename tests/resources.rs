@@ -91,6 +91,15 @@ async fn a_listener_is_told_when_mail_arrives_through_another_replica() {
             .as_deref(),
         Some(&["phone://inbox".to_owned()][..])
     );
+    // The one update every stream gets once its watch is in place.
+    let initial = tokio::time::timeout(Duration::from_secs(10), subscription.next()).await;
+    assert!(
+        matches!(
+            initial,
+            Ok(Ok(Some(ServerNotification::ResourceUpdatedNotification(_))))
+        ),
+        "{initial:?}"
+    );
     // Mail for someone else says nothing to bob.
     ok(
         &c,
@@ -160,4 +169,79 @@ async fn a_listen_without_a_valid_token_is_refused() {
             assert!(text.contains("authentication"), "{text}");
         }
     }
+}
+
+#[tokio::test]
+async fn a_listener_hears_of_mail_that_came_before_it_listened() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "sends", "p").await;
+    let bob = register(&c, "bob", "receives", "q").await;
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "bob", "body": "early"})),
+    )
+    .await;
+    let listener = app.modern_client(Some(&bob.token)).await;
+    let mut subscription = listener.listen(inbox_filter()).await.expect("listen");
+    let first = tokio::time::timeout(Duration::from_secs(10), subscription.next()).await;
+    assert!(
+        matches!(
+            first,
+            Ok(Ok(Some(ServerNotification::ResourceUpdatedNotification(_))))
+        ),
+        "one update once the watch is in place: {first:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_rotated_token_stops_hearing_and_streams_per_agent_are_capped() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "sends", "p").await;
+    let bob = register(&c, "bob", "receives", "q").await;
+    let listener = app.modern_client(Some(&bob.token)).await;
+    let mut streams = Vec::new();
+    for _ in 0..phone::mcp::resources::LISTENS_PER_AGENT {
+        let mut s = listener.listen(inbox_filter()).await.expect("listen");
+        // The update every stream gets once its watch is in place.
+        let _ = tokio::time::timeout(Duration::from_secs(10), s.next()).await;
+        streams.push(s);
+    }
+    let over = listener.listen(inbox_filter()).await;
+    let text = match over {
+        Err(e) => e.to_string(),
+        Ok(mut s) => format!(
+            "{:?}",
+            tokio::time::timeout(Duration::from_secs(5), s.next()).await
+        ),
+    };
+    assert!(
+        text.contains("streams open"),
+        "a fifth stream is refused: {text}"
+    );
+
+    ok(&c, "phone_rotate_token", bob.with(json!({}))).await;
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "bob", "body": "secret"})),
+    )
+    .await;
+    let after = tokio::time::timeout(Duration::from_secs(10), streams[0].next()).await;
+    let text = format!("{after:?}");
+    assert!(
+        !text.contains("ResourceUpdated"),
+        "the old token hears nothing after rotation: {text}"
+    );
+}
+
+#[tokio::test]
+async fn the_handshake_versions_are_not_offered_resources_subscribe() {
+    let app = spawn_app().await;
+    let legacy = app.client().await;
+    let info = legacy.peer_info().expect("initialize result");
+    let resources = info.capabilities.resources.as_ref().expect("resources");
+    assert_ne!(resources.subscribe, Some(true), "{resources:?}");
 }

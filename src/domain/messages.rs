@@ -272,7 +272,7 @@ fn page<T>(mut rows: Vec<T>, limit: u32, id: impl Fn(&T) -> i64) -> (Vec<T>, Opt
 /// Without notifications (listener reconnecting), waiters re-check this often.
 const FALLBACK_RECHECK: Duration = Duration::from_secs(2);
 /// An inbox watch renews its waiter row this often.
-const WATCH_RENEW: Duration = Duration::from_secs(60);
+const WATCH_RENEW: Duration = Duration::from_secs(30);
 
 impl Phone {
     pub async fn send(
@@ -463,13 +463,16 @@ impl Phone {
         outcome
     }
 
-    /// Calls `updated` whenever mail arrives for `me` (a wake-up from any
-    /// replica; a burst coalesces into one call), until `stop`, the server's
-    /// shutdown, `until`, or `updated` answers false (its listener left). A
-    /// hint only: the mail itself waits in the inbox whatever happens here.
+    /// Calls `updated` once the watch is in place (covering mail that came
+    /// before it was), then whenever mail arrives for the agent of `creds`
+    /// (a wake-up from any replica; a burst coalesces into one call), until
+    /// `stop`, the server's shutdown, `until`, or `updated` answers false
+    /// (its listener left). The token is checked again before every call and
+    /// at every renewal: a rotated or revoked token stops hearing at once.
+    /// A hint only: the mail itself waits in the inbox whatever happens here.
     pub async fn watch_inbox<F, Fut>(
         &self,
-        me: &Caller,
+        creds: &Credentials,
         stop: &tokio_util::sync::CancellationToken,
         until: tokio::time::Instant,
         mut updated: F,
@@ -478,27 +481,47 @@ impl Phone {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = bool>,
     {
+        let me = self.authenticate(creds).await?;
         let mut subscription = self.store.wakeup().subscribe(me.id);
+        let mut first = true;
         loop {
             // Senders notify only agents with a live waiter row: renew it
             // before it expires.
             let waiter_id = self.add_waiter(me.id, WATCH_RENEW).await?;
             let renew_at = (tokio::time::Instant::now() + WATCH_RENEW).min(until);
-            let go_on = loop {
+            // A send may have come between the acknowledgment and the row.
+            let mut pending = std::mem::take(&mut first);
+            let outcome: Result<bool, PhoneError> = loop {
+                if pending {
+                    pending = false;
+                    if let Err(e) = self.authenticate(creds).await {
+                        break Err(e);
+                    }
+                    // A listener that stops reading must not hold the watch
+                    // past its end or the server's shutdown.
+                    tokio::select! {
+                        heard = updated() => if !heard { break Ok(false) },
+                        _ = tokio::time::sleep_until(until) => break Ok(false),
+                        _ = stop.cancelled() => break Ok(false),
+                        _ = self.shutdown.cancelled() => break Ok(false),
+                    }
+                }
                 tokio::select! {
                     changed = subscription.changes.changed() => {
-                        if changed.is_err() || !updated().await { break false; }
+                        if changed.is_err() { break Ok(false); }
+                        pending = true;
                     }
-                    _ = tokio::time::sleep_until(renew_at) => break renew_at < until,
-                    _ = stop.cancelled() => break false,
-                    _ = self.shutdown.cancelled() => break false,
+                    _ = tokio::time::sleep_until(renew_at) => break Ok(renew_at < until),
+                    _ = stop.cancelled() => break Ok(false),
+                    _ = self.shutdown.cancelled() => break Ok(false),
                 }
             };
             let phone = self.clone();
             tokio::spawn(async move { phone.remove_waiter(waiter_id).await });
-            if !go_on {
+            if !outcome? {
                 return Ok(());
             }
+            self.authenticate(creds).await?;
         }
     }
 

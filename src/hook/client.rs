@@ -156,13 +156,16 @@ async fn ask(
     };
     loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let out = peek(client, left.as_secs().min(server_max)).await?;
+        let wait_secs = left.as_secs().min(server_max);
+        let out = peek(client, wait_secs).await?;
         let has_news = out.messages.iter().any(|m| !seen.contains(&m.id));
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         if has_news || left.is_zero() {
             return Ok(unread(out));
         }
-        if out.unread_remaining > 0 || server_max == 0 {
-            // Mail it already told the agent about: a peek answers at once.
+        // The server did not wait: mail it already told the agent about
+        // answers a peek at once, and so does a wait under a second.
+        if out.unread_remaining > 0 || wait_secs == 0 {
             tokio::time::sleep(RECHECK.min(left)).await;
         }
     }

@@ -56,7 +56,9 @@ pub fn router(settings: &Settings, phone: Phone) -> Router {
     let mcp_config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(false)
         .with_json_response(true)
-        .with_sse_keep_alive(None)
+        // Only subscriptions/listen answers as SSE: a comment every 20 s keeps
+        // proxies (nginx's 60 s read timeout, Railway's edge) from cutting it.
+        .with_sse_keep_alive(Some(std::time::Duration::from_secs(20)))
         .with_allowed_hosts(hosts)
         .with_allowed_origins(allowed_origins(settings))
         // No browser origin is trusted unless configured: DNS rebinding.

@@ -14,9 +14,10 @@ pub mod wire;
 use std::sync::Arc;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListResourcesResult,
-    ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse,
-    ServerCapabilities, ServerConfig, SubscriptionFilter, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation,
+    InitializeRequestParams, InitializeResult, ListResourcesResult, ListToolsResult,
+    PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities,
+    ServerConfig, SubscriptionFilter, Tool,
 };
 use rmcp::service::{RequestContext, RoleServer, SubscriptionContext};
 use rmcp::{ErrorData as McpError, ServerHandler};
@@ -35,6 +36,7 @@ use errors::{success, tool_error};
 /// Built once; every request's handler is an `Arc` clone of it.
 pub struct Surface {
     phone: Phone,
+    listeners: resources::Listeners,
     tools: Vec<Tool>,
     info: ServerConfig,
 }
@@ -57,7 +59,12 @@ impl PhoneServer {
         )
         .with_instructions(tools::INSTRUCTIONS);
         let tools = tools::definitions(phone.mail_rules());
-        Self(Arc::new(Surface { phone, tools, info }))
+        Self(Arc::new(Surface {
+            phone,
+            listeners: resources::Listeners::default(),
+            tools,
+            info,
+        }))
     }
 
     pub fn tools(&self) -> &[Tool] {
@@ -83,6 +90,22 @@ impl ServerHandler for PhoneServer {
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
         Ok(ListToolsResult::with_all_items(self.0.tools.clone()))
+    }
+
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, McpError> {
+        context.peer.set_peer_info(request.clone());
+        let mut result = self.negotiate_initialize(&request)?;
+        // Only protocol versions with this handshake have resources/subscribe,
+        // which needs a session these replicas do not keep; subscriptions
+        // (subscriptions/listen) are 2026-07-28's, which has no initialize.
+        if let Some(resources) = result.capabilities.resources.as_mut() {
+            resources.subscribe = None;
+        }
+        Ok(result)
     }
 
     async fn list_resources(
@@ -111,7 +134,7 @@ impl ServerHandler for PhoneServer {
     }
 
     async fn listen(&self, subscription: SubscriptionContext) -> Result<(), McpError> {
-        resources::listen(&self.0.phone, subscription).await
+        resources::listen(&self.0.phone, &self.0.listeners, subscription).await
     }
 
     async fn call_tool(

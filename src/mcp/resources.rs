@@ -4,6 +4,8 @@
 //! arrives, from a send on any replica. The notification carries no mail:
 //! the agent reads its inbox as usual, so a lost notification loses nothing.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rmcp::ErrorData as McpError;
@@ -20,9 +22,13 @@ use crate::domain::{Phone, PhoneError};
 
 pub const INBOX_URI: &str = "phone://inbox";
 /// A listen stream ends (gracefully: the client listens again) after this
-/// long, so that no connection outlives a deployment by much and proxies
-/// that cut long responses cut nothing in flight.
-pub const LISTEN_MAX: Duration = Duration::from_secs(15 * 60);
+/// long (under Railway's 5-minute limit per request), so that no
+/// connection outlives a deployment by much and proxies that cut long
+/// responses cut nothing in flight.
+pub const LISTEN_MAX: Duration = Duration::from_secs(4 * 60);
+/// Open listen streams per token on one replica: each holds a connection
+/// for minutes, past the request timeout, so one agent cannot take them all.
+pub const LISTENS_PER_AGENT: usize = 4;
 /// How many unread messages reading the resource shows.
 const READ_LIMIT: u32 = 20;
 
@@ -54,17 +60,6 @@ fn refused(e: PhoneError) -> McpError {
         PhoneError::Internal => McpError::internal_error("internal error", None),
         other => McpError::invalid_request(other.to_string(), None),
     }
-}
-
-async fn caller(
-    phone: &Phone,
-    context: &RequestContext<RoleServer>,
-) -> Result<crate::domain::Caller, McpError> {
-    // Only the Authorization header: a resource request has no arguments.
-    let args = Args::new("resources", None, &[]).map_err(|e| refused(e.into()))?;
-    auth::authenticate(phone, &args, context)
-        .await
-        .map_err(refused)
 }
 
 pub async fn read(
@@ -111,16 +106,66 @@ pub fn accepted(requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
 
 /// Runs one listen stream: for the caller's inbox, until the client
 /// cancels, the server shuts down or [`LISTEN_MAX`] passes.
-pub async fn listen(phone: &Phone, subscription: SubscriptionContext) -> Result<(), McpError> {
+pub async fn listen(
+    phone: &Phone,
+    listeners: &Listeners,
+    subscription: SubscriptionContext,
+) -> Result<(), McpError> {
     let context = subscription.request_context();
-    let me = caller(phone, context).await?;
+    let args = Args::new("resources", None, &[]).map_err(|e| refused(e.into()))?;
+    let creds = auth::credentials(&args, context).map_err(refused)?;
+    let Some(_slot) = listeners.enter(creds.token.0) else {
+        return Err(McpError::invalid_request(
+            format!(
+                "this agent already has {LISTENS_PER_AGENT} subscriptions/listen streams open on this server; close one first"
+            ),
+            None,
+        ));
+    };
     let sink = subscription.sink().clone();
     let until = tokio::time::Instant::now() + LISTEN_MAX;
     phone
-        .watch_inbox(&me, &context.ct, until, || {
+        .watch_inbox(&creds, &context.ct, until, || {
             let sink = sink.clone();
             async move { sink.notify_resource_updated(INBOX_URI).await.is_ok() }
         })
         .await
         .map_err(refused)
+}
+
+/// Listen streams open on this replica, per token digest.
+#[derive(Default)]
+pub struct Listeners(Arc<Mutex<HashMap<[u8; 32], usize>>>);
+
+/// One stream's place; freed when dropped.
+pub struct ListenSlot {
+    open: Arc<Mutex<HashMap<[u8; 32], usize>>>,
+    key: [u8; 32],
+}
+
+impl Listeners {
+    fn enter(&self, key: [u8; 32]) -> Option<ListenSlot> {
+        let mut open = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = open.entry(key).or_default();
+        if *n >= LISTENS_PER_AGENT {
+            return None;
+        }
+        *n += 1;
+        Some(ListenSlot {
+            open: self.0.clone(),
+            key,
+        })
+    }
+}
+
+impl Drop for ListenSlot {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = open.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.key);
+            }
+        }
+    }
 }
