@@ -91,16 +91,20 @@ pub async fn read(
     ]))
 }
 
-/// Accepts a subscription to the inbox and nothing else.
+/// Grants a subscription to the inbox and nothing else (an empty grant when
+/// the inbox was not asked for: the acknowledgment says so, and the stream
+/// then ends at once).
 pub fn accepted(requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
     let wants_inbox = requested
         .resource_subscriptions
         .as_ref()
         .is_some_and(|uris| uris.iter().any(|u| u == INBOX_URI));
-    wants_inbox.then(|| {
+    Some(if wants_inbox {
         SubscriptionFilter::builder()
             .resource_subscriptions([INBOX_URI])
             .build()
+    } else {
+        SubscriptionFilter::default()
     })
 }
 
@@ -112,6 +116,15 @@ pub async fn listen(
     subscription: SubscriptionContext,
 ) -> Result<(), McpError> {
     let context = subscription.request_context();
+    let watches_inbox = subscription
+        .accepted()
+        .resource_subscriptions
+        .as_ref()
+        .is_some_and(|uris| uris.iter().any(|u| u == INBOX_URI));
+    if !watches_inbox {
+        // Nothing granted, nothing to send: end the stream gracefully.
+        return Ok(());
+    }
     let args = Args::new("resources", None, &[]).map_err(|e| refused(e.into()))?;
     let creds = auth::credentials(&args, context).map_err(refused)?;
     let Some(_slot) = listeners.enter(creds.token.0) else {
