@@ -1033,3 +1033,85 @@ pub async fn fdatasync_rate(bin: &Path, file: &Path) -> Result<f64, String> {
         _ => Err("pg_test_fsync printed no fdatasync rate".into()),
     }
 }
+
+/// Every unread message marked read: the inboxes of the webhook and policy
+/// phases start each run empty, so the server's unread-backlog check
+/// (`PHONE_INBOX_UNREAD_MAX`) costs every run the same.
+pub async fn mark_all_read(db: &Client) -> Result<(), String> {
+    db.batch_execute("UPDATE messages SET read_at = now() WHERE read_at IS NULL")
+        .await
+        .map_err(|e| format!("mark read: {}", pg_err(&e)))
+}
+
+/// Webhook deliveries waiting (`state = 'pending'`, claimed or not).
+pub async fn webhooks_pending(db: &Client) -> Result<i64, String> {
+    scalar_i64(
+        db,
+        "SELECT count(*) FROM webhook_deliveries WHERE state = 'pending'",
+    )
+    .await
+}
+
+/// Webhook deliveries that ended delivered inside a time window.
+pub async fn webhooks_delivered(
+    db: &Client,
+    from: chrono::DateTime<chrono::Utc>,
+    to: chrono::DateTime<chrono::Utc>,
+) -> Result<i64, String> {
+    db.query_one(
+        "SELECT count(*) FROM webhook_deliveries
+         WHERE state = 'delivered' AND finished_at >= $1 AND finished_at < $2",
+        &[&from, &to],
+    )
+    .await
+    .map(|r| r.get(0))
+    .map_err(|e| format!("count deliveries: {}", pg_err(&e)))
+}
+
+/// The deliveries of these messages by state: (state, deliveries, of
+/// them with more than one attempt); and messages with no delivery at all.
+pub async fn webhook_states(
+    db: &Client,
+    message_ids: &[i64],
+) -> Result<(Vec<(String, i64, i64)>, i64), String> {
+    let rows = db
+        .query(
+            "SELECT state, count(*), count(*) FILTER (WHERE attempts > 1)
+             FROM webhook_deliveries WHERE message_id = ANY($1)
+             GROUP BY state ORDER BY state",
+            &[&message_ids],
+        )
+        .await
+        .map_err(|e| format!("delivery states: {}", pg_err(&e)))?;
+    let none = db
+        .query_one(
+            "SELECT count(*) FROM unnest($1::bigint[]) AS m(id)
+             WHERE NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.message_id = m.id)",
+            &[&message_ids],
+        )
+        .await
+        .map_err(|e| format!("delivery states: {}", pg_err(&e)))?
+        .get(0);
+    Ok((
+        rows.iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect(),
+        none,
+    ))
+}
+
+/// Refused sends (`refused_sends`) of the agents named, since `since`.
+pub async fn refused_since(
+    db: &Client,
+    senders: &[String],
+    since: chrono::DateTime<chrono::Utc>,
+) -> Result<i64, String> {
+    db.query_one(
+        "SELECT count(*) FROM refused_sends r JOIN agents a ON a.id = r.sender_id
+         WHERE a.name = ANY($1) AND r.at >= $2",
+        &[&senders, &since],
+    )
+    .await
+    .map(|r| r.get(0))
+    .map_err(|e| format!("count refusals: {}", pg_err(&e)))
+}

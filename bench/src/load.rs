@@ -77,6 +77,8 @@ pub struct MixOutcome {
     pub messages_returned: u64,
     /// Every call, warm-up included (for per-call database counters).
     pub calls_total: u64,
+    /// Successful sends, warm-up included (to check each was stored).
+    pub sends_total: u64,
     pub protocol: String,
 }
 
@@ -89,6 +91,7 @@ impl MixOutcome {
         self.polls_ok += o.polls_ok;
         self.messages_returned += o.messages_returned;
         self.calls_total += o.calls_total;
+        self.sends_total += o.sends_total;
         if self.protocol.is_empty() {
             self.protocol = o.protocol;
         }
@@ -139,6 +142,9 @@ pub async fn mix(
                     let counted = t >= record_from && t < stop_at;
                     match r {
                         Ok(v) => {
+                            if !poll {
+                                out.sends_total += 1;
+                            }
                             if counted {
                                 if poll {
                                     out.inbox.record(took);

@@ -8,9 +8,10 @@
 //!   phone-bench run [--quick] [--pg-port 25432] [--pg-dir data/bench-pg]
 //!                   [--out bench/RESULTS.md] [--command "make bench"]
 //!                   [--pool-size 16] [--base-port 3101]
-//!                   [--only mix,rate,hot,wake,search,growth,fsync]
+//!                   [--only mix,rate,hot,wake,webhooks,policy,search,growth,fsync]
 
 mod db;
+mod hooks;
 mod load;
 mod mcp;
 mod stats;
@@ -61,6 +62,18 @@ struct Mode {
     hot_warmup: Duration,
     hot_measure: Duration,
     hot_allowance: Duration,
+    /// Webhooks and contact policies: recipients per kind, each closed-loop
+    /// run's warm-up and measured window, rounds of the comparison (each
+    /// kind once per round), the webhook fixed-rate run, the longest wait
+    /// for the webhook queue to drain, and the time each phase may take.
+    ab_agents: i64,
+    ab_warmup: Duration,
+    ab_measure: Duration,
+    ab_rounds: usize,
+    hook_latency: Duration,
+    hook_drain: Duration,
+    hook_allowance: Duration,
+    policy_allowance: Duration,
     budget: Duration,
 }
 
@@ -83,6 +96,14 @@ impl Mode {
                 hot_warmup: Duration::from_secs(1),
                 hot_measure: Duration::from_secs(4),
                 hot_allowance: Duration::from_secs(60),
+                ab_agents: 200,
+                ab_warmup: Duration::from_millis(300),
+                ab_measure: Duration::from_millis(1200),
+                ab_rounds: 3,
+                hook_latency: Duration::from_secs(3),
+                hook_drain: Duration::from_secs(8),
+                hook_allowance: Duration::from_secs(18),
+                policy_allowance: Duration::from_secs(16),
                 budget: Duration::from_secs(115),
             }
         } else {
@@ -102,6 +123,14 @@ impl Mode {
                 hot_warmup: Duration::from_secs(2),
                 hot_measure: Duration::from_secs(8),
                 hot_allowance: Duration::from_secs(150),
+                ab_agents: 1000,
+                ab_warmup: Duration::from_secs(1),
+                ab_measure: Duration::from_secs(4),
+                ab_rounds: 3,
+                hook_latency: Duration::from_secs(8),
+                hook_drain: Duration::from_secs(20),
+                hook_allowance: Duration::from_secs(50),
+                policy_allowance: Duration::from_secs(50),
                 budget: Duration::from_secs(570),
             }
         }
@@ -157,6 +186,25 @@ const HOT_LEASE_SECS: u32 = 60;
 const HOT_RATE_CONNECTIONS: usize = 64;
 /// Longest the drain after a run may take.
 const HOT_DRAIN_SECS: u64 = 30;
+const DB_HOOKS: &str = "phone_bench_webhooks";
+const DB_POLICY: &str = "phone_bench_policy";
+/// Closed-loop senders of the webhook and policy comparisons (as in the
+/// long polls' send rates); each is on every allow list, with the blocks
+/// within the 100 names one `phone_settings` call may change.
+const AB_SENDERS: usize = 16;
+/// Other agents each policy recipient blocks.
+const POLICY_BLOCKS: usize = 50;
+/// Connections setting up webhooks and policies, and of the fixed rate.
+const SETTINGS_WORKERS: usize = 8;
+const HOOK_RATE_CONNECTIONS: usize = 8;
+/// The fixed rate of the webhook latency run: a tenth of the closed-loop
+/// rate to agents without webhooks, within these bounds (sends/s).
+const HOOK_RATE_MIN: f64 = 20.0;
+const HOOK_RATE_MAX: f64 = 200.0;
+/// The server's own limits on deliveries in flight (src/webhooks/mod.rs),
+/// for the report.
+const HOOK_IN_FLIGHT: usize = 32;
+const HOOK_PER_AGENT: usize = 4;
 
 fn main() -> ExitCode {
     let opts = match parse_args() {
@@ -276,6 +324,18 @@ async fn start_replicas(
     first_port: u16,
     role: &str,
 ) -> Result<Vec<Replica>, String> {
+    start_replicas_env(opts, database, n, first_port, role, &[]).await
+}
+
+/// `start_replicas` with more environment variables for the replicas.
+async fn start_replicas_env(
+    opts: &Opts,
+    database: &str,
+    n: usize,
+    first_port: u16,
+    role: &str,
+    env: &[(&str, &str)],
+) -> Result<Vec<Replica>, String> {
     let bin = std::env::current_exe()
         .map_err(|e| e.to_string())?
         .parent()
@@ -303,6 +363,7 @@ async fn start_replicas(
             .env("RUST_LOG", "warn")
             // Every bench agent registers from 127.0.0.1: lift the per-address limit.
             .env("PHONE_REGISTER_LIMIT", "0")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
             .stderr(log)
@@ -834,6 +895,173 @@ struct WakeReport {
     rss_after_swarm_kb: u64,
 }
 
+/// One closed-loop run of the webhook or policy comparison: `AB_SENDERS`
+/// senders, each walking over one kind of recipient.
+struct AbRun {
+    /// 'a' the baseline, 'b' the same sends to the other kind, 'c' (policy
+    /// only) half of the senders not on the allow lists.
+    key: char,
+    case: &'static str,
+    round: usize,
+    secs: f64,
+    /// Stored by the senders, from the database: inside the measured
+    /// window, and over the whole run (warm-up and stragglers included).
+    sent_db: i64,
+    all_sent: i64,
+    /// Answers inside the window: stored, refused by the policy.
+    ok: u64,
+    refused: u64,
+    /// Answers over the whole run, and `refused_sends` rows of the run.
+    ok_total: u64,
+    refused_total: u64,
+    refused_db: i64,
+    lat: Summary,
+    errors: String,
+    error_count: u64,
+    error_examples: Vec<String>,
+    cpu: CpuUse,
+    /// Every statement the database ran (pg_stat_statements) per send
+    /// answered, warm-up and webhook deliveries included.
+    statements_per_send: Option<f64>,
+    hooks: Option<HookWindow>,
+    split: Option<RefusalSplit>,
+    /// Active backends by wait event, averaged over the window.
+    waits: Vec<(String, f64)>,
+    /// When the run began (the database's clock is this machine's), and
+    /// per sender its (stored, refused) answers.
+    started: chrono::DateTime<chrono::Utc>,
+    per_sender: Vec<(u64, u64)>,
+}
+
+impl AbRun {
+    fn per_s(&self) -> f64 {
+        self.sent_db as f64 / self.secs
+    }
+    fn answered_per_s(&self) -> f64 {
+        (self.ok + self.refused) as f64 / self.secs
+    }
+    fn cpu_us(&self, cpu_s: f64) -> f64 {
+        cpu_s / (self.ok + self.refused).max(1) as f64 * 1e6
+    }
+    /// The database holds what the answers said: every stored answer a
+    /// message, every refusal a `refused_sends` row.
+    fn consistent(&self) -> bool {
+        self.all_sent == self.ok_total as i64 && self.refused_db == self.refused_total as i64
+    }
+}
+
+/// Mean sends/s (DB) of the runs of one kind.
+fn mean_rate(runs: &[AbRun], key: char) -> f64 {
+    let xs: Vec<f64> = runs
+        .iter()
+        .filter(|r| r.key == key)
+        .map(AbRun::per_s)
+        .collect();
+    xs.iter().sum::<f64>() / xs.len().max(1) as f64
+}
+
+/// The webhook queue around a run with webhooks.
+struct HookWindow {
+    /// Deliveries pending when the run started and when its window ended.
+    pending_start: i64,
+    pending_end: i64,
+    /// Deliveries that ended delivered inside the window (DB), and POSTs
+    /// the receiver took meanwhile.
+    delivered: i64,
+    received: usize,
+    /// From the end of the sends to an empty queue; None: not within
+    /// `hook_drain` (then `pending_after` were left).
+    drain_secs: Option<f64>,
+    pending_after: i64,
+}
+
+/// The half-refused policy run, by sender: contacts (allowed) and the
+/// others, each (stored, refused) answers; from the database, what the
+/// others had stored and refused.
+struct RefusalSplit {
+    contacts: (u64, u64),
+    others: (u64, u64),
+    others_stored_db: i64,
+    others_refused_db: i64,
+    contacts_refused_db: i64,
+}
+
+impl RefusalSplit {
+    fn ok(&self) -> bool {
+        self.contacts.1 == 0
+            && self.others.0 == 0
+            && self.others.1 > 0
+            && self.others_stored_db == 0
+            && self.contacts_refused_db == 0
+            && self.others_refused_db == self.others.1 as i64
+    }
+}
+
+/// Sends at a fixed rate to agents with webhooks: from each send to its
+/// POST at the receiver.
+struct HookLatency {
+    rate: f64,
+    secs: f64,
+    /// Sends/s of the first closed-loop run to agents without webhooks, and
+    /// deliveries/s during the first with webhooks.
+    peak: f64,
+    capacity: Option<f64>,
+    /// Deliveries pending when the run started.
+    pending_start: i64,
+    sent: usize,
+    /// Sent messages whose POST arrived, and those whose did not in time.
+    delivered: usize,
+    lost: usize,
+    /// POSTs beyond the first per `webhook-id`, and POSTs of messages this
+    /// run did not send.
+    duplicates: usize,
+    foreign: usize,
+    from_send: Summary,
+    from_response: Summary,
+    /// POSTs that arrived before the send's own answer.
+    before_response: usize,
+    send: Summary,
+    lag: Summary,
+    /// From the end of the sends (the last answer) to the last POST, ms.
+    last_post_ms: f64,
+    /// From the database: deliveries of these messages by state (state,
+    /// count, of them retried), and messages with no delivery queued.
+    states: Vec<(String, i64, i64)>,
+    no_delivery: i64,
+    pending_end: i64,
+    errors: String,
+    error_count: u64,
+}
+
+impl HookLatency {
+    fn ok(&self) -> bool {
+        self.sent > 0
+            && self.delivered == self.sent
+            && self.lost == 0
+            && self.duplicates == 0
+            && self.no_delivery == 0
+            && self.error_count == 0
+    }
+}
+
+struct HookReport {
+    agents: i64,
+    settings_secs: f64,
+    runs: Vec<AbRun>,
+    latency: Option<HookLatency>,
+    /// Deliveries pending at the phase's end, and the receiver's malformed
+    /// POSTs (with examples).
+    pending_final: i64,
+    malformed: u64,
+    malformed_examples: Vec<String>,
+}
+
+struct PolicyReport {
+    agents: i64,
+    settings_secs: f64,
+    runs: Vec<AbRun>,
+}
+
 #[derive(Default)]
 struct Report {
     revision: String,
@@ -852,6 +1080,8 @@ struct Report {
     hot: Vec<HotRow>,
     hot_base: Vec<HotBase>,
     hot_rate: Option<RateRow>,
+    webhooks: Option<HookReport>,
+    policy: Option<PolicyReport>,
     mem: Vec<MemRow>,
     skipped: Vec<String>,
 }
@@ -865,6 +1095,13 @@ async fn run(opts: Opts) -> Result<(), String> {
     // The popular inbox brings its own time: the later phases keep theirs.
     if wants("hot") {
         mode.budget += mode.hot_allowance;
+    }
+    // So do webhooks and contact policies.
+    if wants("webhooks") {
+        mode.budget += mode.hook_allowance;
+    }
+    if wants("policy") {
+        mode.budget += mode.policy_allowance;
     }
     let hz = stats::clock_ticks_per_sec();
     let started_at = chrono::Utc::now();
@@ -1078,6 +1315,14 @@ async fn run(opts: Opts) -> Result<(), String> {
             )),
             _ => wake_phase(&opts, &mode, &admin, &mut report, t0, postmaster, hz).await?,
         }
+    }
+
+    if wants("webhooks") {
+        webhook_phase(&opts, &mode, &admin, &mut report, t0, postmaster, hz).await?;
+    }
+
+    if wants("policy") {
+        policy_phase(&opts, &mode, &admin, &mut report, t0, postmaster, hz).await?;
     }
 
     // 10k and 100k agents always; 1M (full mode only) after the growth
@@ -2617,6 +2862,617 @@ async fn hot_rate(
     })
 }
 
+/// What the runs of the webhook and policy comparisons share.
+struct AbCtx<'a> {
+    mode: &'a Mode,
+    admin: &'a tokio_postgres::Client,
+    /// The phase's database, for counts.
+    db: &'a tokio_postgres::Client,
+    database: &'static str,
+    replicas: &'a [Replica],
+    tg: Vec<Target>,
+    senders: Vec<Agent>,
+    postmaster: u32,
+    hz: f64,
+}
+
+impl AbCtx<'_> {
+    fn sender_names(&self) -> Vec<String> {
+        names_of(&self.senders)
+    }
+
+    /// One closed-loop run from the senders to `recipients`; inboxes
+    /// emptied (marked read), `VACUUM (ANALYZE)` and `CHECKPOINT` first.
+    /// With `receiver`, the webhook queue is read at the window's edges and
+    /// (for a run that queued deliveries) waited for until it is empty.
+    async fn run(
+        &self,
+        key: char,
+        case: &'static str,
+        round: usize,
+        recipients: &[String],
+        receiver: Option<&hooks::Receiver>,
+    ) -> Result<AbRun, String> {
+        let mode = self.mode;
+        db::mark_all_read(self.db).await?;
+        db::each(self.db, &[SETTLE, "CHECKPOINT"]).await?;
+        let pending_start = match receiver {
+            Some(_) => db::webhooks_pending(self.db).await?,
+            None => 0,
+        };
+        let pgss = db::statements_reset(self.admin).await.is_ok();
+        let server_pids = pids(self.replicas);
+        let start = tokio::time::Instant::now();
+        let wall0 = chrono::Utc::now();
+        let (from, to) = (
+            start + mode.ab_warmup,
+            start + mode.ab_warmup + mode.ab_measure,
+        );
+        let (out, (cpu, _), window, waits) = tokio::join!(
+            hooks::spread(
+                &self.tg,
+                &self.senders,
+                recipients,
+                start,
+                mode.ab_warmup,
+                mode.ab_measure
+            ),
+            sample_window(
+                self.admin,
+                self.database,
+                &server_pids,
+                self.postmaster,
+                &[],
+                from,
+                to,
+                self.hz
+            ),
+            hook_window(self.db, receiver, from, to),
+            db::wait_events(self.admin, self.database, WAIT_SAMPLE_EVERY, from, to),
+        );
+        let ended = Instant::now();
+        let statements: Option<i64> = if pgss {
+            db::statements(self.admin, self.database)
+                .await
+                .ok()
+                .map(|xs| xs.iter().map(|x| x.calls).sum())
+        } else {
+            None
+        };
+        let names = self.sender_names();
+        let now = chrono::Utc::now();
+        let (all_sent, _) = db::count_window(self.db, &names, wall0, now).await?;
+        let w_from = wall0 + chrono::Duration::from_std(mode.ab_warmup).unwrap();
+        let w_to = w_from + chrono::Duration::from_std(mode.ab_measure).unwrap();
+        let (sent_db, _) = db::count_window(self.db, &names, w_from, w_to).await?;
+        let refused_db = db::refused_since(self.db, &names, wall0).await?;
+        let hooks = match (receiver, window) {
+            (Some(_), Some((received, pending_end))) => {
+                let delivered = db::webhooks_delivered(self.db, w_from, w_to).await?;
+                // Wait for the queue to empty, so that the next run does
+                // not share the machine with this one's deliveries.
+                let bound = ended + mode.hook_drain;
+                let mut pending_after = db::webhooks_pending(self.db).await?;
+                while pending_after > 0 && Instant::now() < bound {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    pending_after = db::webhooks_pending(self.db).await?;
+                }
+                Some(HookWindow {
+                    pending_start,
+                    pending_end,
+                    delivered,
+                    received,
+                    drain_secs: (pending_after == 0).then(|| ended.elapsed().as_secs_f64()),
+                    pending_after,
+                })
+            }
+            _ => None,
+        };
+        let (ok_total, refused_total) = (out.ok_total(), out.refused_total());
+        Ok(AbRun {
+            key,
+            case,
+            round,
+            secs: mode.ab_measure.as_secs_f64(),
+            sent_db,
+            all_sent,
+            ok: out.ok,
+            refused: out.refused,
+            ok_total,
+            refused_total,
+            refused_db,
+            lat: out.lat.summary(),
+            errors: out.errors.describe(),
+            error_count: out.errors.total(),
+            error_examples: out.errors.examples.clone(),
+            cpu,
+            statements_per_send: statements
+                .map(|n| n as f64 / (ok_total + refused_total).max(1) as f64),
+            hooks,
+            split: None,
+            waits,
+            started: wall0,
+            per_sender: out.per_sender,
+        })
+    }
+}
+
+/// POSTs the receiver took inside the window, and deliveries pending at
+/// its end; None without a receiver.
+async fn hook_window(
+    db: &tokio_postgres::Client,
+    receiver: Option<&hooks::Receiver>,
+    from: tokio::time::Instant,
+    to: tokio::time::Instant,
+) -> Option<(usize, i64)> {
+    let receiver = receiver?;
+    tokio::time::sleep_until(from).await;
+    let before = receiver.count();
+    tokio::time::sleep_until(to).await;
+    let received = receiver.count() - before;
+    let pending = db::webhooks_pending(db).await.unwrap_or(-1);
+    Some((received, pending))
+}
+
+/// `phone_settings` for each agent; every answer must pass `check`.
+async fn configure(
+    tg: &[Target],
+    calls: Vec<(Agent, serde_json::Value)>,
+    what: &str,
+    check: impl Fn(&Agent, &serde_json::Value) -> Result<(), String>,
+) -> Result<f64, String> {
+    let started = Instant::now();
+    let agents: Vec<Agent> = calls.iter().map(|(a, _)| a.clone()).collect();
+    let answers = hooks::settings_each(
+        tg,
+        calls,
+        SETTINGS_WORKERS,
+        tokio::time::Instant::now() + Duration::from_secs(120),
+    )
+    .await;
+    let mut failed = 0;
+    let mut first = None;
+    for (agent, answer) in agents.iter().zip(&answers) {
+        if let Err(e) = answer
+            .as_ref()
+            .map_err(Clone::clone)
+            .and_then(|v| check(agent, v))
+        {
+            failed += 1;
+            first.get_or_insert(e);
+        }
+    }
+    if let Some(e) = first {
+        return Err(format!(
+            "{what}: {failed} of {} phone_settings calls failed, first: {e}",
+            agents.len()
+        ));
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
+/// Webhooks: closed-loop sends to agents without webhooks (a) and with
+/// them (b), alternated, 1 replica with `PHONE_WEBHOOK_ALLOW_PRIVATE=true`,
+/// every webhook pointing at a receiver in this process; after the first
+/// (b) and its drain, sends at a fixed rate to the agents with webhooks,
+/// each matched with its POST.
+async fn webhook_phase(
+    opts: &Opts,
+    mode: &Mode,
+    admin: &tokio_postgres::Client,
+    report: &mut Report,
+    t0: Instant,
+    postmaster: u32,
+    hz: f64,
+) -> Result<(), String> {
+    let phase_end = Instant::now() + mode.hook_allowance + Duration::from_secs(20);
+    db::recreate_database(admin, DB_HOOKS).await?;
+    let receiver = hooks::Receiver::start().await?;
+    let replicas = start_replicas_env(
+        opts,
+        DB_HOOKS,
+        1,
+        opts.base_port + 50,
+        "webhooks",
+        &[("PHONE_WEBHOOK_ALLOW_PRIVATE", "true")],
+    )
+    .await?;
+    let hdb = db::connect(&pg_url(opts, DB_HOOKS)).await?;
+    let n = mode.ab_agents;
+    // s: senders; n: recipients without webhooks; h: with.
+    for (prefix, k) in [('s', AB_SENDERS as i64), ('n', n), ('h', n)] {
+        db::seed_agents(&hdb, prefix, "webhooks", k).await?;
+    }
+    db::each(&hdb, &["VACUUM (ANALYZE) agents", "CHECKPOINT"]).await?;
+    let tg = targets(&replicas);
+    let hooked = seeded_agents('h', n as usize);
+    let url_of = |a: &Agent| format!("http://127.0.0.1:{}/hook/{}", receiver.port, a.name);
+    let calls = hooked
+        .iter()
+        .map(|a| (a.clone(), serde_json::json!({"webhook_url": url_of(a)})))
+        .collect();
+    let settings_secs = configure(&tg, calls, "webhooks", |a, v| {
+        let url = v.get("webhook_url").and_then(serde_json::Value::as_str);
+        let secret = v.get("webhook_secret").and_then(serde_json::Value::as_str);
+        let active = v.get("webhook_active").and_then(serde_json::Value::as_bool);
+        if url == Some(url_of(a).as_str())
+            && secret.is_some_and(|s| s.starts_with("whsec_"))
+            && active == Some(true)
+        {
+            Ok(())
+        } else {
+            Err(format!("{}: unexpected answer {v}", a.name))
+        }
+    })
+    .await?;
+    say!(
+        t0,
+        "webhooks: 1 replica up, {n} agents given webhooks (phone_settings) in {settings_secs:.1} s"
+    );
+    let ctx = AbCtx {
+        mode,
+        admin,
+        db: &hdb,
+        database: DB_HOOKS,
+        replicas: &replicas,
+        tg,
+        senders: seeded_agents('s', AB_SENDERS),
+        postmaster,
+        hz,
+    };
+    let plain = names_of(&seeded_agents('n', n as usize));
+    let hooked_names = names_of(&hooked);
+    let mut runs: Vec<AbRun> = Vec::new();
+    let mut latency = None;
+    for round in 0..mode.ab_rounds {
+        for key in ['a', 'b'] {
+            let (case, recipients, rx) = if key == 'a' {
+                ("(a) to agents without webhooks", &plain, None)
+            } else {
+                (
+                    "(b) to agents with webhooks",
+                    &hooked_names,
+                    Some(&receiver),
+                )
+            };
+            if Instant::now() >= phase_end {
+                report.skipped.push(format!(
+                    "webhooks: {case}, round {}: the phase's time ran out",
+                    round + 1
+                ));
+                continue;
+            }
+            let run = ctx.run(key, case, round, recipients, rx).await?;
+            say!(
+                t0,
+                "webhooks {case} #{}: {:.0} sends/s (DB), p99 {:.1} ms, errors {}{}",
+                round + 1,
+                run.per_s(),
+                run.lat.p99,
+                run.errors,
+                run.hooks.as_ref().map_or(String::new(), |h| format!(
+                    "; {} delivered in the window, {} pending at its end, {}",
+                    h.delivered,
+                    h.pending_end,
+                    h.drain_secs.map_or(
+                        format!(
+                            "{} still pending after {} s",
+                            h.pending_after,
+                            mode.hook_drain.as_secs()
+                        ),
+                        |s| format!("drained {s:.1} s after the sends")
+                    )
+                ))
+            );
+            let capacity = run.hooks.as_ref().map(|h| h.delivered as f64 / run.secs);
+            runs.push(run);
+            if round == 0 && key == 'b' && Instant::now() < phase_end {
+                let peak = mean_rate(&runs, 'a');
+                let row = hook_latency(&ctx, &receiver, &hooked_names, peak, capacity).await?;
+                say!(
+                    t0,
+                    "webhooks fixed rate {:.0}/s: send -> POST p50 {:.1} ms p99 {:.1} ms; {} sent, {} delivered, {} lost, {} duplicates",
+                    row.rate,
+                    row.from_send.p50,
+                    row.from_send.p99,
+                    row.sent,
+                    row.delivered,
+                    row.lost,
+                    row.duplicates
+                );
+                latency = Some(row);
+            }
+        }
+    }
+    let pending_final = db::webhooks_pending(&hdb).await?;
+    let (malformed, malformed_examples) = receiver.malformed();
+    for rep in &replicas {
+        report.mem.push(MemRow {
+            role: rep.role.clone(),
+            idle: rep.idle,
+            loaded: stats::mem(rep.pid).unwrap_or_default(),
+            phase: format!("sends to {n} agents with webhooks and {n} without"),
+        });
+    }
+    report.webhooks = Some(HookReport {
+        agents: n,
+        settings_secs,
+        runs,
+        latency,
+        pending_final,
+        malformed,
+        malformed_examples,
+    });
+    drop(ctx);
+    stop_replicas(replicas).await;
+    Ok(())
+}
+
+/// Sends at a fixed rate to the agents with webhooks, well below both
+/// peaks: a tenth of `peak` (sends/s without webhooks) and a third of
+/// `capacity` (deliveries/s during the first run with webhooks), within
+/// bounds; then up to `hook_drain` for every POST to arrive.
+async fn hook_latency(
+    ctx: &AbCtx<'_>,
+    receiver: &hooks::Receiver,
+    hooked: &[String],
+    peak: f64,
+    capacity: Option<f64>,
+) -> Result<HookLatency, String> {
+    let mode = ctx.mode;
+    let rate = (peak / 10.0)
+        .min(capacity.map_or(f64::MAX, |c| c / 3.0))
+        .clamp(HOOK_RATE_MIN, HOOK_RATE_MAX);
+    db::mark_all_read(ctx.db).await?;
+    db::each(ctx.db, &[SETTLE, "CHECKPOINT"]).await?;
+    let pending_start = db::webhooks_pending(ctx.db).await?;
+    let before = receiver.count();
+    let out = hooks::paced(
+        &ctx.tg,
+        &ctx.senders,
+        hooked,
+        rate,
+        mode.hook_latency,
+        HOOK_RATE_CONNECTIONS,
+    )
+    .await;
+    let sent_at = tokio::time::Instant::now();
+    let sent: HashSet<String> = out.sends.iter().map(|s| s.id.clone()).collect();
+    let arrived_all = |arrivals: &[hooks::Arrival]| {
+        let seen: HashSet<&str> = arrivals[before.min(arrivals.len())..]
+            .iter()
+            .map(|a| a.message_id.as_str())
+            .filter(|id| sent.contains(*id))
+            .collect();
+        seen.len() >= sent.len()
+    };
+    receiver.until(sent_at + mode.hook_drain, arrived_all).await;
+    let arrivals = receiver.arrivals();
+    let arrivals = &arrivals[before.min(arrivals.len())..];
+    let last_post_ms = arrivals.iter().map(|a| a.at).max().map_or(0.0, |last| {
+        last.saturating_duration_since(sent_at).as_secs_f64() * 1000.0
+    });
+    let mut first: std::collections::HashMap<&str, tokio::time::Instant> = Default::default();
+    let mut by_webhook_id: HashSet<&str> = HashSet::new();
+    let (mut duplicates, mut foreign) = (0, 0);
+    for a in arrivals {
+        if !by_webhook_id.insert(a.webhook_id.as_str()) {
+            duplicates += 1;
+        }
+        if sent.contains(&a.message_id) {
+            first.entry(a.message_id.as_str()).or_insert(a.at);
+        } else {
+            foreign += 1;
+        }
+    }
+    let (mut from_send, mut from_response) = (stats::Lat::default(), stats::Lat::default());
+    let mut before_response = 0;
+    for s in &out.sends {
+        if let Some(&at) = first.get(s.id.as_str()) {
+            from_send.record(at.saturating_duration_since(s.sent));
+            from_response.record(at.saturating_duration_since(s.answered));
+            before_response += usize::from(at < s.answered);
+        }
+    }
+    let ids: Vec<i64> = out
+        .sends
+        .iter()
+        .filter_map(|s| load::message_number(&s.id))
+        .collect();
+    let (states, no_delivery) = db::webhook_states(ctx.db, &ids).await?;
+    Ok(HookLatency {
+        rate,
+        secs: mode.hook_latency.as_secs_f64(),
+        peak,
+        capacity,
+        pending_start,
+        sent: out.sends.len(),
+        delivered: first.len(),
+        lost: out.sends.len() - first.len(),
+        duplicates,
+        foreign,
+        from_send: from_send.summary(),
+        from_response: from_response.summary(),
+        before_response,
+        send: out.lat.summary(),
+        lag: out.lag.summary(),
+        last_post_ms,
+        states,
+        no_delivery,
+        pending_end: db::webhooks_pending(ctx.db).await?,
+        errors: out.errors.describe(),
+        error_count: out.errors.total(),
+    })
+}
+
+/// Contact policies: closed-loop sends to `open` agents (a) and to agents
+/// with policy `contacts` whose allow lists hold every sender and whose
+/// block lists `POLICY_BLOCKS` others (b), alternated, 1 replica; then
+/// once (c) to agents whose allow lists hold half of the senders.
+async fn policy_phase(
+    opts: &Opts,
+    mode: &Mode,
+    admin: &tokio_postgres::Client,
+    report: &mut Report,
+    t0: Instant,
+    postmaster: u32,
+    hz: f64,
+) -> Result<(), String> {
+    let phase_end = Instant::now() + mode.policy_allowance + Duration::from_secs(20);
+    db::recreate_database(admin, DB_POLICY).await?;
+    let replicas = start_replicas(opts, DB_POLICY, 1, opts.base_port + 60, "policy").await?;
+    let pdb = db::connect(&pg_url(opts, DB_POLICY)).await?;
+    let n = mode.ab_agents;
+    // s: senders; o: open recipients; c: contacts, every sender allowed;
+    // x: contacts, half of the senders allowed; b: the blocked.
+    for (prefix, k) in [
+        ('s', AB_SENDERS as i64),
+        ('o', n),
+        ('c', n),
+        ('x', n),
+        ('b', POLICY_BLOCKS as i64),
+    ] {
+        db::seed_agents(&pdb, prefix, "policy", k).await?;
+    }
+    db::each(&pdb, &["VACUUM (ANALYZE) agents", "CHECKPOINT"]).await?;
+    let tg = targets(&replicas);
+    let senders = seeded_agents('s', AB_SENDERS);
+    let sender_names = names_of(&senders);
+    // Contacts of the x-agents: the senders at even positions.
+    let (contacts, others): (Vec<String>, Vec<String>) = {
+        let (even, odd): (Vec<_>, Vec<_>) = sender_names
+            .iter()
+            .enumerate()
+            .partition(|(i, _)| i % 2 == 0);
+        (
+            even.into_iter().map(|(_, s)| s.clone()).collect(),
+            odd.into_iter().map(|(_, s)| s.clone()).collect(),
+        )
+    };
+    let blocked = names_of(&seeded_agents('b', POLICY_BLOCKS));
+    let mut calls = Vec::new();
+    for (prefix, allow) in [('c', &sender_names), ('x', &contacts)] {
+        for a in seeded_agents(prefix, n as usize) {
+            calls.push((
+                a,
+                serde_json::json!({"contact_policy": "contacts", "allow": allow, "block": blocked}),
+            ));
+        }
+    }
+    let settings_secs = configure(&tg, calls, "contact policies", |a, v| {
+        let allowed = if a.name.starts_with('c') {
+            sender_names.len()
+        } else {
+            contacts.len()
+        };
+        let int = |k: &str| v.get(k).and_then(serde_json::Value::as_i64);
+        if v.get("contact_policy").and_then(serde_json::Value::as_str) == Some("contacts")
+            && int("contacts_total") == Some(allowed as i64)
+            && int("blocked_total") == Some(POLICY_BLOCKS as i64)
+            && v.get("unknown").is_none()
+        {
+            Ok(())
+        } else {
+            Err(format!("{}: unexpected answer {v}", a.name))
+        }
+    })
+    .await?;
+    say!(
+        t0,
+        "policy: 1 replica up, {} agents given policy contacts ({} allowed + {POLICY_BLOCKS} blocked each) in {settings_secs:.1} s",
+        2 * n,
+        AB_SENDERS
+    );
+    let ctx = AbCtx {
+        mode,
+        admin,
+        db: &pdb,
+        database: DB_POLICY,
+        replicas: &replicas,
+        tg,
+        senders,
+        postmaster,
+        hz,
+    };
+    let open = names_of(&seeded_agents('o', n as usize));
+    let closed = names_of(&seeded_agents('c', n as usize));
+    let half = names_of(&seeded_agents('x', n as usize));
+    let mut plan: Vec<(char, &'static str, usize, &[String])> = Vec::new();
+    for round in 0..mode.ab_rounds {
+        plan.push(('a', "(a) to open agents", round, &open));
+        plan.push((
+            'b',
+            "(b) to agents with policy contacts, every sender allowed",
+            round,
+            &closed,
+        ));
+    }
+    plan.push((
+        'c',
+        "(c) to agents with policy contacts, half of the senders allowed",
+        0,
+        &half,
+    ));
+    let mut runs = Vec::new();
+    for (key, case, round, recipients) in plan {
+        if Instant::now() >= phase_end {
+            report.skipped.push(format!(
+                "policy: {case}, round {}: the phase's time ran out",
+                round + 1
+            ));
+            continue;
+        }
+        let mut run = ctx.run(key, case, round, recipients, None).await?;
+        if key == 'c' {
+            let since = run.started;
+            // Answers by the senders at even (contacts) or odd positions.
+            let by = |odd: bool| {
+                run.per_sender
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| (i % 2 == 1) == odd)
+                    .fold((0, 0), |(s, r), (_, x)| (s + x.0, r + x.1))
+            };
+            let (others_stored_db, _) =
+                db::count_window(&pdb, &others, since, chrono::Utc::now()).await?;
+            run.split = Some(RefusalSplit {
+                contacts: by(false),
+                others: by(true),
+                others_stored_db,
+                others_refused_db: db::refused_since(&pdb, &others, since).await?,
+                contacts_refused_db: db::refused_since(&pdb, &contacts, since).await?,
+            });
+        }
+        say!(
+            t0,
+            "policy {case} #{}: {:.0} sends/s stored (DB), {:.0} answered/s, {} refused, p99 {:.1} ms, errors {}",
+            round + 1,
+            run.per_s(),
+            run.answered_per_s(),
+            run.refused_total,
+            run.lat.p99,
+            run.errors
+        );
+        runs.push(run);
+    }
+    for rep in &replicas {
+        report.mem.push(MemRow {
+            role: rep.role.clone(),
+            idle: rep.idle,
+            loaded: stats::mem(rep.pid).unwrap_or_default(),
+            phase: "sends to open and contacts-only agents".into(),
+        });
+    }
+    report.policy = Some(PolicyReport {
+        agents: n,
+        settings_secs,
+        runs,
+    });
+    drop(ctx);
+    stop_replicas(replicas).await;
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------
 // The report
 
@@ -2740,7 +3596,7 @@ fn render(
     );
     let _ = writeln!(
         w,
-        "- Phase lengths: mix {} s measured after {:.1} s warm-up; pgbench {} s; search {:.1} s per category; long polls: {:.1} s windows and sends ({:.1} s warm-up), up to {} rounds per wake-up pair; popular inbox {} s measured after {} s warm-up, its pgbench runs as long.",
+        "- Phase lengths: mix {} s measured after {:.1} s warm-up; pgbench {} s; search {:.1} s per category; long polls: {:.1} s windows and sends ({:.1} s warm-up), up to {} rounds per wake-up pair; popular inbox {} s measured after {} s warm-up, its pgbench runs as long; webhooks and contact policies {:.1} s measured after {:.1} s warm-up per run, {} rounds, the webhook fixed rate {} s.",
         mode.measure.as_secs(),
         mode.warmup.as_secs_f64(),
         mode.pgbench_secs,
@@ -2749,7 +3605,11 @@ fn render(
         mode.wake_warmup.as_secs_f64(),
         mode.wake_rounds,
         mode.hot_measure.as_secs(),
-        mode.hot_warmup.as_secs()
+        mode.hot_warmup.as_secs(),
+        mode.ab_measure.as_secs_f64(),
+        mode.ab_warmup.as_secs_f64(),
+        mode.ab_rounds,
+        mode.hook_latency.as_secs()
     );
     let _ = writeln!(
         w,
@@ -2953,6 +3813,12 @@ fn render(
                 verdict(beside.notifications == 0 && beside.all_sent > 0 && errors == 0)
             );
         }
+    }
+    if let Some(x) = &r.webhooks {
+        let _ = writeln!(w, "{}", webhook_target(x));
+    }
+    if let Some(x) = &r.policy {
+        let _ = writeln!(w, "{}", policy_target(x));
     }
     if !r.mem.is_empty() {
         let idle = r.mem.iter().map(|m| m.idle.rss_kb).max().unwrap_or(0);
@@ -3296,6 +4162,12 @@ fn render(
     if !r.hot.is_empty() || !r.hot_base.is_empty() {
         render_hot(w, r, mode);
     }
+    if let Some(x) = &r.webhooks {
+        render_webhooks(w, x, opts, mode);
+    }
+    if let Some(x) = &r.policy {
+        render_policy(w, x, opts, mode);
+    }
     s
 }
 
@@ -3616,5 +4488,370 @@ fn render_wake(w: &mut String, wk: &WakeReport, opts: &Opts, mode: &Mode) {
             mb(wk.rss_after_swarm_kb),
             mb(idle.rss_kb)
         );
+    }
+}
+
+/// Per round, the sends/s of the run of `key` ÷ those of that round's (a).
+fn round_ratios(runs: &[AbRun], key: char) -> Vec<f64> {
+    runs.iter()
+        .filter(|x| x.key == key)
+        .filter_map(|x| {
+            runs.iter()
+                .find(|a| a.key == 'a' && a.round == x.round)
+                .map(|a| x.per_s() / a.per_s().max(1e-9))
+        })
+        .collect()
+}
+
+/// The median of the rounds' ratios: one run stalled by the machine (a
+/// compiler's fsyncs, say) moves it less than it moves the means.
+fn median_ratio(runs: &[AbRun], key: char) -> f64 {
+    let mut v = round_ratios(runs, key);
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Runs of one kind against the baseline (a): the median of the rounds'
+/// ratios, each round's, and the means of each kind.
+fn ab_ratios(runs: &[AbRun], key: char) -> String {
+    let rounds: Vec<String> = round_ratios(runs, key)
+        .iter()
+        .map(|r| format!("{r:.2}×"))
+        .collect();
+    format!(
+        "**{:.2}×**, the median of the rounds' ratios (round by round {}; the means of each kind's runs: {:.0} vs {:.0} sends/s, {:.2}×)",
+        median_ratio(runs, key),
+        if rounds.is_empty() {
+            "—".into()
+        } else {
+            rounds.join(", ")
+        },
+        mean_rate(runs, key),
+        mean_rate(runs, 'a'),
+        mean_rate(runs, key) / mean_rate(runs, 'a').max(1e-9)
+    )
+}
+
+/// The columns every closed-loop run of the two phases shares.
+fn ab_row(x: &AbRun, base: f64) -> String {
+    let wall = x.cpu.wall.max(1e-9);
+    let waits: Vec<String> = x
+        .waits
+        .iter()
+        .filter(|(_, n)| *n >= 0.05)
+        .take(3)
+        .map(|(what, n)| format!("{what} {n:.1}"))
+        .collect();
+    format!(
+        "{} #{} | {:.0} | {:.2}× | {:.2} / {:.2} / {:.2} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.2} | {}",
+        x.case,
+        x.round + 1,
+        x.per_s(),
+        x.per_s() / base.max(1e-9),
+        x.lat.p50,
+        x.lat.p90,
+        x.lat.p99,
+        x.errors,
+        if x.consistent() {
+            format!("yes ({} + {} refused)", x.all_sent, x.refused_db)
+        } else {
+            format!(
+                "**no**: {} stored, {} answered; {} refusal rows, {} refused answers",
+                x.all_sent, x.ok_total, x.refused_db, x.refused_total
+            )
+        },
+        x.statements_per_send
+            .map_or("—".into(), |n| format!("{n:.2}")),
+        x.cpu_us(x.cpu.server),
+        x.cpu_us(x.cpu.postgres),
+        x.cpu_us(x.cpu.loadgen),
+        x.cpu.other() / wall,
+        waits.join(", ")
+    )
+}
+
+const AB_COLUMNS: &str = "sends/s (DB) | × the mean (a) | send p50 / p90 / p99 ms | errors | stored = answered | statements per send | server µs/send | PostgreSQL µs/send | loadgen µs/send | other CPU (cores) | PostgreSQL backends by wait";
+
+fn webhook_target(x: &HookReport) -> String {
+    let errors: u64 = x.runs.iter().map(|r| r.error_count).sum();
+    let consistent = x.runs.iter().all(AbRun::consistent);
+    match &x.latency {
+        Some(l) => format!(
+            "| webhooks: every message's POST arrives, once (delivery is at least once, `webhook-id` de-duplicates; no rate or latency target set) | {} sent at {:.0}/s: {} POSTs arrived, {} lost, {} duplicates; send → POST p50 {:.1} ms, p99 {:.1} ms; closed loop to {} agents with webhooks {:.2}× the sends/s to agents without (median of the rounds); {} deliveries pending at the end; {errors} errors | {} |",
+            l.sent,
+            l.rate,
+            l.delivered,
+            l.lost,
+            l.duplicates,
+            l.from_send.p50,
+            l.from_send.p99,
+            x.agents,
+            median_ratio(&x.runs, 'b'),
+            x.pending_final,
+            verdict(
+                l.ok() && x.pending_final == 0 && errors == 0 && consistent && x.malformed == 0
+            )
+        ),
+        None => "| webhooks: every message's POST arrives, once | not measured (the phase's time ran out) | — |".into(),
+    }
+}
+
+fn policy_target(x: &PolicyReport) -> String {
+    let allowed: Vec<&AbRun> = x.runs.iter().filter(|r| r.key != 'c').collect();
+    let refused: u64 = allowed.iter().map(|r| r.refused_total).sum();
+    let answered: u64 = allowed.iter().map(|r| r.ok_total + r.refused_total).sum();
+    let errors: u64 = x.runs.iter().map(|r| r.error_count).sum();
+    let consistent = x.runs.iter().all(AbRun::consistent);
+    let split = x.runs.iter().find_map(|r| r.split.as_ref());
+    format!(
+        "| contact policies refuse exactly what they should, 0 errors (issue: policies should not slow sends; no threshold set) | sends to agents with policy contacts (all senders allowed, {POLICY_BLOCKS} others blocked) {:.2}× those to open agents (median of the rounds); {refused} of {answered} allowed sends refused; {}; {errors} errors | {} |",
+        median_ratio(&x.runs, 'b'),
+        split.map_or("half-refused run not measured".into(), |s| format!(
+            "half allowed: {} of {} sends by non-contacts refused, {} of {} by contacts",
+            s.others.1,
+            s.others.0 + s.others.1,
+            s.contacts.1,
+            s.contacts.0 + s.contacts.1
+        )),
+        verdict(refused == 0 && errors == 0 && consistent && split.is_some_and(RefusalSplit::ok))
+    )
+}
+
+fn render_webhooks(w: &mut String, x: &HookReport, opts: &Opts, mode: &Mode) {
+    let _ = writeln!(
+        w,
+        "\n## 9. Webhooks: sends to agents with webhooks, and the time to the POST\n"
+    );
+    let _ = writeln!(
+        w,
+        "1 replica (PHONE_POOL_SIZE={}, `PHONE_WEBHOOK_ALLOW_PRIVATE=true` so that http to 127.0.0.1 is allowed; otherwise the server's defaults: at most {HOOK_IN_FLIGHT} deliveries in flight per replica, {HOOK_PER_AGENT} per agent), its own database; {AB_SENDERS} senders and {} + {} recipients bulk-inserted with known tokens, then each of {} recipients given a webhook with `phone_settings {{webhook_url: \"http://127.0.0.1:PORT/hook/NAME\"}}` over MCP ({} connections, {:.1} s; each answer checked for the URL, `webhook_active` and a `whsec_` secret). The receiver runs inside phone-bench (an HTTP/1.1 server on a port of the kernel's choosing, on the load generator's one tokio thread): it answers every POST 200 with an empty body and logs its `webhook-id`, the body's `data.id` and the time the body had arrived; a POST without `webhook-timestamp` or a `v1,` signature, of another `type`, or whose `webhook-id` is not `data.id`, counts as malformed ({} so far). Signatures are not verified (no HMAC in the bench).\n",
+        opts.pool_size,
+        x.agents,
+        x.agents,
+        x.agents,
+        SETTINGS_WORKERS,
+        x.settings_secs,
+        x.malformed
+    );
+    let _ = writeln!(
+        w,
+        "### Send rate with webhooks and without\n\n{AB_SENDERS} closed-loop senders, each on its own connection, one `phone_send` after another, each to the next of the {} recipients of its kind (the senders start at different offsets): (a) agents without webhooks, (b) agents with webhooks, alternated, {} rounds. Each run: every unread message marked read (so that the unread-backlog check of each send costs every run the same), `VACUUM (ANALYZE)`, `CHECKPOINT`, {:.1} s warm-up, {:.1} s measured. Sends/s from the database (messages of the senders with `sent_at` in the window). `stored = answered`: messages stored over the whole run = sends answered with an id. `statements per send`: every statement the database ran (pg_stat_statements; the webhook worker's claims and results included) ÷ sends answered. CPU from /proc over the window, per send answered in it (loadgen includes the receiver). `PostgreSQL backends by wait`: pg_stat_activity of the phase's database sampled every {} ms over the window, active backends per wait event on average (`CPU`: none, running or runnable; `IO:WALSync`, `LWLock:WALWrite`: commits waiting for the disk). `× the mean (a)`: the run's sends/s ÷ the mean of the (a) runs; the headline ratio is the median of each round's (b) ÷ that round's (a), which one run slowed by the rest of the machine moves less. After each (b) run the bench waits up to {} s for the queue (`webhook_deliveries` in state `pending`) to empty before the next run starts.\n",
+        x.agents,
+        mode.ab_rounds,
+        mode.ab_warmup.as_secs_f64(),
+        mode.ab_measure.as_secs_f64(),
+        WAIT_SAMPLE_EVERY.as_millis(),
+        mode.hook_drain.as_secs()
+    );
+    let _ = writeln!(
+        w,
+        "Sends to agents with webhooks ÷ without: {}.\n",
+        ab_ratios(&x.runs, 'b')
+    );
+    let _ = writeln!(
+        w,
+        "| run | {AB_COLUMNS} | queue: pending at start → at the window's end | delivered in the window (DB) / POSTs received | deliveries/s | queue empty after |"
+    );
+    let _ = writeln!(
+        w,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    let base = mean_rate(&x.runs, 'a');
+    for r in &x.runs {
+        let hooks = match &r.hooks {
+            Some(h) => format!(
+                "{} → {} | {} / {} | {:.0} | {}",
+                h.pending_start,
+                h.pending_end,
+                h.delivered,
+                h.received,
+                h.delivered as f64 / r.secs,
+                h.drain_secs.map_or(
+                    format!(
+                        "**not within {} s: {} left**",
+                        mode.hook_drain.as_secs(),
+                        h.pending_after
+                    ),
+                    |s| format!("{s:.1} s")
+                )
+            ),
+            None => "— | — | — | —".into(),
+        };
+        let _ = writeln!(w, "| {} | {hooks} |", ab_row(r, base));
+    }
+    // What a delivery costs beyond its send: CPU of the (b) runs above
+    // what their sends would have cost at the (a) runs' rate per send.
+    let per_send = |key: char, f: fn(&CpuUse) -> f64| {
+        let xs: Vec<&AbRun> = x.runs.iter().filter(|r| r.key == key).collect();
+        let cpu: f64 = xs.iter().map(|r| f(&r.cpu)).sum();
+        let sends: u64 = xs.iter().map(|r| r.ok + r.refused).sum();
+        (cpu, sends)
+    };
+    let delivered: i64 = x
+        .runs
+        .iter()
+        .filter_map(|r| r.hooks.as_ref().map(|h| h.delivered))
+        .sum();
+    if delivered > 0 {
+        let extra = |f: fn(&CpuUse) -> f64| {
+            let (a_cpu, a_sends) = per_send('a', f);
+            let (b_cpu, b_sends) = per_send('b', f);
+            (b_cpu - a_cpu / a_sends.max(1) as f64 * b_sends as f64) / delivered as f64 * 1e6
+        };
+        let _ = writeln!(
+            w,
+            "\nWhat a delivery costs beyond its send (CPU of the (b) windows minus what as many sends cost per send in the (a) windows, ÷ deliveries that ended in the (b) windows): server **{:.0} µs**, PostgreSQL {:.0} µs per delivery.",
+            extra(|c| c.server),
+            extra(|c| c.postgres)
+        );
+    }
+    if let Some(l) = &x.latency {
+        let _ = writeln!(w, "\n### From a send to its POST\n");
+        let _ = writeln!(
+            w,
+            "Right after the first (b) run and its drain ({} deliveries pending at the start): sends at a fixed rate well below both peaks, the lower of a tenth of the first (a) run's sends/s ({:.0}) and a third of the deliveries/s during the first (b) run ({}), within {HOOK_RATE_MIN:.0}–{HOOK_RATE_MAX:.0}/s, for {:.0} s, open loop on {HOOK_RATE_CONNECTIONS} connections (send n due at t0 + n/rate, senders and recipients with webhooks in turn), each send's id and times kept; then up to {} s for every POST to arrive. Latency runs from the send request going out (or from its answer arriving) to its message's first POST arriving at the receiver, both on the load generator's clock. Delivered: sent messages with a POST; lost: without one when the wait ended; duplicates: POSTs beyond the first per `webhook-id`. From the database afterwards: the deliveries of these messages by state (retried: more than one attempt), and messages with none queued.\n",
+            l.pending_start,
+            l.peak,
+            l.capacity.map_or("—".into(), |c| format!("{c:.0}")),
+            l.secs,
+            mode.hook_drain.as_secs()
+        );
+        let _ = writeln!(
+            w,
+            "| rate | sent | delivered | lost | duplicates | send → POST p50 / p90 / p99 / max ms | send's answer → POST p50 / p99 ms | POSTs before the send's answer | send p50 / p99 ms | dispatch lag p99 ms | last POST after the sends ended | deliveries (DB) | errors |"
+        );
+        let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        let states: Vec<String> = l
+            .states
+            .iter()
+            .map(|(state, n, retried)| format!("{n} {state} ({retried} retried)"))
+            .collect();
+        let _ = writeln!(
+            w,
+            "| {:.0}/s | {} | {} | {} | {} | {:.1} / {:.1} / {:.1} / {:.1} | {:.1} / {:.1} | {} | {:.2} / {:.2} | {:.2} | {:.0} ms | {}{}{} | {} |",
+            l.rate,
+            l.sent,
+            l.delivered,
+            l.lost,
+            l.duplicates,
+            l.from_send.p50,
+            l.from_send.p90,
+            l.from_send.p99,
+            l.from_send.max,
+            l.from_response.p50,
+            l.from_response.p99,
+            l.before_response,
+            l.send.p50,
+            l.send.p99,
+            l.lag.p99,
+            l.last_post_ms,
+            states.join(", "),
+            if l.no_delivery > 0 {
+                format!("; **{} messages with none**", l.no_delivery)
+            } else {
+                String::new()
+            },
+            if l.foreign > 0 {
+                format!("; {} POSTs of other messages", l.foreign)
+            } else {
+                String::new()
+            },
+            l.errors
+        );
+        let _ = writeln!(
+            w,
+            "\nQueue at the end of the phase: {} deliveries pending (0: drained); {} pending right after the fixed-rate run's wait.",
+            x.pending_final, l.pending_end
+        );
+    }
+    let examples: Vec<&String> = x
+        .runs
+        .iter()
+        .flat_map(|r| r.error_examples.iter())
+        .chain(x.malformed_examples.iter())
+        .take(5)
+        .collect();
+    if !examples.is_empty() {
+        let _ = writeln!(w, "\nFirst errors:\n");
+        for e in examples {
+            let _ = writeln!(w, "- `{e}`");
+        }
+    }
+}
+
+fn render_policy(w: &mut String, x: &PolicyReport, opts: &Opts, mode: &Mode) {
+    let _ = writeln!(
+        w,
+        "\n## 10. Contact policies: sends to agents that choose who may write\n"
+    );
+    let _ = writeln!(
+        w,
+        "1 replica (PHONE_POOL_SIZE={}, the server's defaults otherwise), its own database; {AB_SENDERS} senders, {} open recipients, {} + {} recipients with policies and {POLICY_BLOCKS} agents to block, bulk-inserted with known tokens; then each policy recipient set up with one `phone_settings {{contact_policy: \"contacts\", allow: [...], block: [the {POLICY_BLOCKS}]}}` over MCP ({} connections, {:.1} s; each answer checked for the policy and the counts): for (b) all {AB_SENDERS} senders allowed, for (c) the 8 at even positions. The policy, the block list and the contact are decided inside the send's group-commit statement (one `contacts` probe per send, for every recipient, open or not). Same closed loop as the webhook comparison ({AB_SENDERS} senders, each to the next recipient of its kind; each run after marking all mail read, `VACUUM (ANALYZE)`, `CHECKPOINT`; {:.1} s warm-up, {:.1} s measured): (a) and (b) alternated, {} rounds, then (c) once. A refused send is a tool error (the same words for a block and a policy); it is counted apart, not as an error. `stored = answered`: messages stored = sends answered with an id, and `refused_sends` rows = refused answers, over the whole run. The other columns and the headline ratio as in section 9.\n",
+        opts.pool_size,
+        x.agents,
+        x.agents,
+        x.agents,
+        SETTINGS_WORKERS,
+        x.settings_secs,
+        mode.ab_warmup.as_secs_f64(),
+        mode.ab_measure.as_secs_f64(),
+        mode.ab_rounds
+    );
+    let _ = writeln!(
+        w,
+        "Sends to agents with policy contacts (every sender allowed, {POLICY_BLOCKS} others blocked) ÷ to open agents: {}.\n",
+        ab_ratios(&x.runs, 'b')
+    );
+    let _ = writeln!(
+        w,
+        "| run | {AB_COLUMNS} | answered/s (stored + refused) | refused in the window |"
+    );
+    let _ = writeln!(
+        w,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    let base = mean_rate(&x.runs, 'a');
+    for r in &x.runs {
+        let _ = writeln!(
+            w,
+            "| {} | {:.0} | {} |",
+            ab_row(r, base),
+            r.answered_per_s(),
+            r.refused
+        );
+    }
+    if let Some(s) = x.runs.iter().find_map(|r| r.split.as_ref()) {
+        let _ = writeln!(
+            w,
+            "\n(c), by sender over the whole run: the contacts had {} sends stored and {} refused (expected 0); the others {} stored (expected 0) and {} refused. The database: {} messages from the others, {} `refused_sends` rows of theirs (expected = their refused answers), {} of the contacts'. **{}**.",
+            s.contacts.0,
+            s.contacts.1,
+            s.others.0,
+            s.others.1,
+            s.others_stored_db,
+            s.others_refused_db,
+            s.contacts_refused_db,
+            if s.ok() {
+                "As expected"
+            } else {
+                "Not as expected"
+            }
+        );
+    }
+    let examples: Vec<&String> = x
+        .runs
+        .iter()
+        .flat_map(|r| r.error_examples.iter())
+        .take(5)
+        .collect();
+    if !examples.is_empty() {
+        let _ = writeln!(w, "\nFirst errors:\n");
+        for e in examples {
+            let _ = writeln!(w, "- `{e}`");
+        }
     }
 }
