@@ -358,3 +358,117 @@ async fn redirects_are_not_followed_and_bursts_are_bounded_per_destination() {
     );
     app.stop().await;
 }
+
+/// A receiver like `receiver()`, over TLS with the test CA's `localhost`
+/// certificate (scripts/tls-certs.sh).
+async fn tls_receiver() -> (Arc<Receiver>, SocketAddr) {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
+    let dir = std::path::PathBuf::from(
+        std::env::var("PHONE_TEST_PG_TLS_DIR").expect("PHONE_TEST_PG_TLS_DIR: run with make test"),
+    );
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(dir.join("server.pem"))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(dir.join("server.key")).unwrap();
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let state = Arc::new(Receiver::default());
+    let app = Router::new()
+        .route("/hook", post(hook))
+        .with_state(state.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let (acceptor, app) = (acceptor.clone(), app.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let service = hyper_util::service::TowerToHyperService::new(app);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    (state, addr)
+}
+
+/// https deliveries check the receiver's certificate against the system's
+/// CA certificates (here the test CA, through SSL_CERT_FILE, which
+/// rustls-native-certs reads): a name the certificate does not carry fails
+/// and is retried, the right name is delivered.
+#[tokio::test]
+async fn https_deliveries_verify_the_receivers_certificate() {
+    let dir = std::env::var("PHONE_TEST_PG_TLS_DIR").expect("PHONE_TEST_PG_TLS_DIR");
+    // SAFETY: nextest runs each test in its own process; nothing else in
+    // this one reads the environment concurrently yet.
+    unsafe { std::env::set_var("SSL_CERT_FILE", format!("{dir}/ca.pem")) };
+    let (hooks, addr) = tls_receiver().await;
+    let app = spawn_app_with(&LOCAL).await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "lab").await;
+    let wrong = register(&c, "wrong", "W", "p").await;
+    let right = register(&c, "right", "R", "p").await;
+    // The certificate names localhost, not 127.0.0.1.
+    let port = addr.port();
+    let wrong_set = json!({"webhook_url": format!("https://127.0.0.1:{port}/hook")});
+    let set = ok(&c, "phone_settings", wrong.with(wrong_set)).await;
+    let right_set = json!({"webhook_url": format!("https://localhost:{port}/hook")});
+    let right_out = ok(&c, "phone_settings", right.with(right_set)).await;
+    let secret = right_out["webhook_secret"].as_str().unwrap().to_owned();
+    let _ = set;
+
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "right", "body": "b"})),
+    )
+    .await;
+    let got = until_received(&hooks, 1).await;
+    verify(&secret, &got[0]);
+
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "wrong", "body": "b"})),
+    )
+    .await;
+    let db = app.db().await;
+    wait_until(
+        &db,
+        "the delivery to a name the certificate lacks failed",
+        "SELECT EXISTS (SELECT 1 FROM webhook_deliveries d JOIN agents a ON a.id = d.agent_id
+                        WHERE a.name = 'wrong' AND d.attempts >= 1 AND d.last_error IS NOT NULL)",
+    )
+    .await;
+    let (state, error): (String, String) = {
+        let row = db
+            .query_one(
+                "SELECT d.state, d.last_error FROM webhook_deliveries d JOIN agents a ON a.id = d.agent_id
+                 WHERE a.name = 'wrong'",
+                &[],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!(state, "pending", "retried later: {error}");
+    assert!(error.to_lowercase().contains("certificate"), "{error}");
+    assert_eq!(
+        hooks.got.lock().unwrap().len(),
+        1,
+        "nothing reached the receiver for the wrong name"
+    );
+}

@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use super::{Settings, StoreError, pool, tls::Tls};
+use crate::telemetry::error_chain;
 
 mod embedded {
     refinery::embed_migrations!("migrations");
@@ -72,17 +73,6 @@ pub async fn wait_for_database(settings: &Settings) -> Result<(), StoreError> {
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(5));
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(inner) = source {
-        text.push_str(": ");
-        text.push_str(&inner.to_string());
-        source = inner.source();
-    }
-    text
 }
 
 /// rustls' words for a certificate that failed verification.

@@ -24,6 +24,7 @@ pub mod rows;
 pub mod search;
 pub mod settings;
 mod tls;
+pub use tls::https_client_config;
 pub mod wakeup;
 pub mod webhooks;
 

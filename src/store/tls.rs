@@ -148,6 +148,18 @@ fn load_roots(path: &PathBuf) -> Result<RootCertStore, String> {
     Ok(roots)
 }
 
+/// A TLS client configuration that verifies servers against the system's
+/// CA certificates (read from disk now: build it once), for HTTPS clients
+/// such as the webhook worker.
+pub fn https_client_config() -> Result<ClientConfig, String> {
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    Ok(ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(system_roots()?)
+        .with_no_client_auth())
+}
+
 fn system_roots() -> Result<RootCertStore, String> {
     let mut roots = RootCertStore::empty();
     let found = rustls_native_certs::load_native_certs();

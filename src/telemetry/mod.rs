@@ -216,6 +216,19 @@ impl Telemetry {
 
 /// Installs logging only. Safe to call more than once (tests): later calls,
 /// and calls after [`init_with`], are ignored.
+/// An error with its causes, `outer: inner: innermost`, for logs and for
+/// the reasons stored with a failed attempt.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    text
+}
+
 pub fn init(filter: &str, format: LogFormat) {
     let _ = init_with(TelemetryConfig::logs_only(filter, format));
 }

@@ -22,10 +22,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::domain::{MessageId, types::timestamp, webhook::WebhookUrl};
 use crate::store::{
-    Store, StoreError,
+    Store, StoreError, https_client_config,
     webhooks::{self, Claimed, Outcome},
 };
-use crate::telemetry::metrics;
+use crate::telemetry::{error_chain, metrics};
 
 /// How the worker delivers.
 #[derive(Debug, Clone)]
@@ -185,22 +185,12 @@ fn log_unrecorded(delivery: &Claimed, e: &StoreError) {
 /// with webhooks to an eighth (`make bench`, webhooks).
 fn webhook_tls() -> Option<&'static rustls::ClientConfig> {
     static TLS: std::sync::OnceLock<Option<rustls::ClientConfig>> = std::sync::OnceLock::new();
-    TLS.get_or_init(|| {
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in rustls_native_certs::load_native_certs().certs {
-            let _ = roots.add(cert);
+    TLS.get_or_init(|| match https_client_config() {
+        Ok(config) => Some(config),
+        Err(e) => {
+            tracing::warn!(error = %e, "https webhooks cannot be delivered");
+            None
         }
-        if roots.is_empty() {
-            tracing::warn!("no CA certificates found: https webhooks cannot be delivered");
-            return None;
-        }
-        let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-        let config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .ok()?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        Some(config)
     })
     .as_ref()
 }
@@ -321,15 +311,4 @@ fn backoff(settings: &Settings, attempts: i32) -> Duration {
     // ±20 %, so that retries of a burst spread out.
     let jitter = 0.8 + 0.4 * rand::random::<f64>();
     base.mul_f64(jitter)
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(inner) = source {
-        text.push_str(": ");
-        text.push_str(&inner.to_string());
-        source = inner.source();
-    }
-    text
 }
