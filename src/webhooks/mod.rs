@@ -232,15 +232,18 @@ async fn attempt(settings: &Settings, delivery: &Claimed) -> Outcome {
         Ok(address) => address,
         Err(reason) => return retry(None, reason),
     };
+    // Every client builds a TLS connector, even for http: always hand it
+    // the shared one.
     let mut builder = reqwest::Client::builder();
-    if url.as_str().starts_with("https:") {
-        let Some(tls) = webhook_tls() else {
+    match webhook_tls() {
+        Some(tls) => builder = builder.tls_backend_preconfigured(tls.clone()),
+        None if url.as_str().starts_with("https:") => {
             return retry(
                 None,
                 "no CA certificates on this machine to check the destination with".into(),
             );
-        };
-        builder = builder.tls_backend_preconfigured(tls.clone());
+        }
+        None => {}
     }
     let client = match builder
         .redirect(reqwest::redirect::Policy::none())
