@@ -472,3 +472,98 @@ async fn https_deliveries_verify_the_receivers_certificate() {
         "nothing reached the receiver for the wrong name"
     );
 }
+
+/// A receiver that never answers holds only its own agent's few slots: its
+/// backlog waits in the database, and another agent's delivery goes out at
+/// once (it waited for the slow one's timeouts before).
+#[tokio::test]
+async fn a_receiver_that_never_answers_does_not_hold_up_other_agents() {
+    let (slow, slow_addr) = receiver().await;
+    *slow.delay.lock().unwrap() = Duration::from_secs(60);
+    let (fast, fast_addr) = receiver().await;
+    let app = spawn_app_with(&[
+        ("PHONE_WEBHOOK_ALLOW_PRIVATE", "true"),
+        ("PHONE_WEBHOOK_TIMEOUT_SECS", "20"),
+    ])
+    .await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let stuck = register(&c, "stuck", "S", "p").await;
+    let quick = register(&c, "quick", "Q", "p").await;
+    let hook = |addr: SocketAddr| json!({"webhook_url": format!("http://{addr}/hook")});
+    ok(&c, "phone_settings", stuck.with(hook(slow_addr))).await;
+    ok(&c, "phone_settings", quick.with(hook(fast_addr))).await;
+    for i in 0..40 {
+        let to_stuck = json!({"to": "stuck", "body": format!("s{i}")});
+        ok(&c, "phone_send", alice.with(to_stuck)).await;
+    }
+    let db = app.db().await;
+    wait_until(
+        &db,
+        "the slow receiver holds its agent's slots",
+        "SELECT count(*) >= 4 FROM webhook_deliveries WHERE attempts >= 1",
+    )
+    .await;
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "quick", "body": "q"})),
+    )
+    .await;
+    // until_received gives up after 6 s, well inside the slow attempts' 20 s.
+    until_received(&fast, 1).await;
+    assert!(
+        slow.most.load(Ordering::SeqCst) <= 4,
+        "at most 4 at once to one agent: {}",
+        slow.most.load(Ordering::SeqCst)
+    );
+}
+
+/// An agent that leaves stops receiving: its pending deliveries end as gone.
+#[tokio::test]
+async fn deliveries_to_an_agent_that_unregistered_end() {
+    let (hooks, addr) = receiver().await;
+    hooks.script.lock().unwrap().extend([500; 100]);
+    let app = spawn_app_with(&LOCAL).await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let svc = register(&c, "service", "S", "p").await;
+    let url = format!("http://{addr}/hook");
+    ok(&c, "phone_settings", svc.with(json!({"webhook_url": url}))).await;
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "service", "body": "x"})),
+    )
+    .await;
+    until_received(&hooks, 1).await;
+    ok(&c, "phone_unregister", svc.with(json!({}))).await;
+    let db = app.db().await;
+    wait_until(
+        &db,
+        "the delivery ended as gone",
+        "SELECT state = 'gone' FROM webhook_deliveries",
+    )
+    .await;
+}
+
+/// A forged settings cursor is refused before anything changes: the webhook
+/// asked for in the same call is not set with a secret nobody saw.
+#[tokio::test]
+async fn a_forged_cursor_is_refused_before_anything_changes() {
+    let (_hooks, addr) = receiver().await;
+    let app = spawn_app_with(&LOCAL).await;
+    let c = app.client().await;
+    let svc = register(&c, "service", "S", "p").await;
+    let url = format!("http://{addr}/hook");
+    // "c:\0\nb:", base64url.
+    let err = tool_err(
+        &c,
+        "phone_settings",
+        svc.with(json!({"webhook_url": url, "cursor": "YzoACmI6"})),
+    )
+    .await;
+    assert!(err.contains("cursor"), "{err}");
+    let now = ok(&c, "phone_settings", svc.with(json!({}))).await;
+    assert!(now["webhook_url"].is_null(), "{now}");
+}

@@ -154,10 +154,13 @@ fn decode_cursor(raw: &str) -> Result<(String, String), InvalidInput> {
         .and_then(|b| String::from_utf8(b).ok())
         .and_then(|s| {
             let (c, b) = s.split_once('\n')?;
-            Some((
-                c.strip_prefix("c:")?.to_owned(),
-                b.strip_prefix("b:")?.to_owned(),
-            ))
+            // Each part is empty or a name this server issued: anything else
+            // is forged (a NUL byte reached PostgreSQL as "internal error").
+            let part = |p: &str| -> Option<String> {
+                (p.is_empty() || AgentName::parse("cursor", p).is_ok_and(|n| n.as_str() == p))
+                    .then(|| p.to_owned())
+            };
+            Some((part(c.strip_prefix("c:")?)?, part(b.strip_prefix("b:")?)?))
         })
         .ok_or_else(|| {
             InvalidInput::new(
@@ -167,6 +170,9 @@ fn decode_cursor(raw: &str) -> Result<(String, String), InvalidInput> {
         })
 }
 
+/// The longest a webhook host's lookup may take in phone_settings.
+const WEBHOOK_LOOKUP_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl Phone {
     /// Applies what the request changes, then shows the settings.
     pub async fn settings(
@@ -174,20 +180,33 @@ impl Phone {
         me: &Caller,
         req: SettingsRequest,
     ) -> Result<Settings, PhoneError> {
+        if let Some(Some(url)) = &req.webhook {
+            // Checked now (and before every delivery): a host that resolves
+            // to a private address is refused. Before taking a connection,
+            // and bounded: a lookup that hangs must not hold the pool.
+            let allow_private = self.mail_rules().webhooks_allow_private;
+            match tokio::time::timeout(WEBHOOK_LOOKUP_MAX, url.destination(allow_private)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(reason)) => {
+                    return Err(
+                        InvalidInput::new("webhook_url", format!("is refused: {reason}")).into(),
+                    );
+                }
+                Err(_) => {
+                    return Err(InvalidInput::new(
+                        "webhook_url",
+                        format!("is refused: looking up {} took too long", url.host()),
+                    )
+                    .into());
+                }
+            }
+        }
         let db = self.store.db().await?;
         let mut webhook_secret = None;
         if req.webhook.is_some() || req.rotate_webhook_secret {
-            let allow_private = self.mail_rules().webhooks_allow_private;
             let current = store::webhooks::webhook(&db, me.id).await?;
             let url = match &req.webhook {
-                Some(Some(url)) => {
-                    // Checked now (and before every delivery): a host that
-                    // resolves to a private address is refused.
-                    url.destination(allow_private).await.map_err(|reason| {
-                        InvalidInput::new("webhook_url", format!("is refused: {reason}"))
-                    })?;
-                    Some(url.as_str().to_owned())
-                }
+                Some(Some(url)) => Some(url.as_str().to_owned()),
                 Some(None) => None,
                 None => current.url.clone(),
             };

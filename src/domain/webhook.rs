@@ -98,13 +98,31 @@ pub fn is_public(ip: IpAddr) -> bool {
                 // Shared address space (carrier-grade NAT) and benchmarking.
                 || (a == 100 && (64..128).contains(&b))
                 || (a == 198 && (b == 18 || b == 19))
+                // IETF protocol assignments (192.0.0.0/24).
+                || (a == 192 && b == 0 && v4.octets()[2] == 0)
                 || a >= 240)
         }
         IpAddr::V6(v6) => {
             if let Some(v4) = v6.to_ipv4_mapped() {
                 return is_public(IpAddr::V4(v4));
             }
-            let first = v6.segments()[0];
+            let seg = v6.segments();
+            let first = seg[0];
+            let v4_in = |hi: u16, lo: u16| {
+                std::net::Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8)
+            };
+            // Forms that carry an IPv4 address a gateway may forward to: NAT64
+            // (64:ff9b::/96), 6to4 (2002::/16, the address in bits 16-47) and
+            // IPv4-compatible (::a.b.c.d): judged by the address inside.
+            if (seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || seg[..6] == [0, 0, 0, 0, 0, 0])
+                && !v6.is_loopback()
+                && !v6.is_unspecified()
+            {
+                return is_public(IpAddr::V4(v4_in(seg[6], seg[7])));
+            }
+            if first == 0x2002 {
+                return is_public(IpAddr::V4(v4_in(seg[1], seg[2])));
+            }
             !(v6.is_loopback()
                 || v6.is_unspecified()
                 || v6.is_multicast()
@@ -147,6 +165,13 @@ mod tests {
             "fe80::1",
             "::ffff:127.0.0.1",
             "::ffff:169.254.169.254",
+            "64:ff9b::a00:1",
+            "64:ff9b::127.0.0.1",
+            "2002:a00:1::1",
+            "2002:7f00:1::",
+            "::10.0.0.1",
+            "::127.0.0.1",
+            "192.0.0.8",
             "224.0.0.1",
             "255.255.255.255",
         ] {
@@ -157,6 +182,8 @@ mod tests {
             "8.8.8.8",
             "2606:4700::1111",
             "::ffff:8.8.8.8",
+            "64:ff9b::808:808",
+            "2002:808:808::1",
         ] {
             assert!(is_public(public.parse().unwrap()), "{public}");
         }

@@ -99,6 +99,7 @@ impl std::fmt::Debug for Claimed {
 const CLAIM: &str = "WITH due AS (
          SELECT d.id,
                 a.webhook_url IS NOT NULL AND a.webhook_disabled_at IS NULL
+                    AND a.unregistered_at IS NULL AND a.suspended_at IS NULL
                     AND a.webhook_secret IS NOT NULL AS live
          FROM webhook_deliveries d JOIN agents a ON a.id = d.agent_id
          WHERE d.state = 'pending' AND d.next_at <= now()
@@ -169,7 +170,9 @@ pub enum Outcome {
 }
 
 /// `$1` delivery, `$2` state, `$3` status, `$4` error, `$5` seconds to the
-/// next attempt, `$6` seconds after which a retry is a failure.
+/// next attempt, `$6` seconds after which a retry is a failure, `$7` the
+/// attempt this claim made. Only a pending delivery changes, and a retry only
+/// while the claim is still this attempt's.
 const FINISH: &str = "UPDATE webhook_deliveries
      SET state = CASE WHEN $2 = 'retry' AND created_at < now() - make_interval(secs => $6) THEN 'failed'
                       WHEN $2 = 'retry' THEN 'pending' ELSE $2 END,
@@ -177,7 +180,7 @@ const FINISH: &str = "UPDATE webhook_deliveries
          next_at = CASE WHEN $2 = 'retry' THEN now() + make_interval(secs => $5) ELSE next_at END,
          finished_at = CASE WHEN $2 = 'retry' AND created_at >= now() - make_interval(secs => $6) THEN NULL
                             ELSE now() END
-     WHERE id = $1
+     WHERE id = $1 AND state = 'pending' AND (attempts = $7 OR $2 <> 'retry')
      RETURNING state";
 
 /// `$1` agent, `$2` the URL that answered 410 (a URL set since stays on).
@@ -212,12 +215,38 @@ pub async fn finish(
         ),
     };
     let row = db
-        .query_one(
+        .query_opt(
             &stmt,
-            &[&delivery.id, &state, &status, &error, &retry_in, &give_up],
+            &[
+                &delivery.id,
+                &state,
+                &status,
+                &error,
+                &retry_in,
+                &give_up,
+                &delivery.attempts,
+            ],
         )
         .await?;
-    Ok(row.get("state"))
+    // Nothing updated: another replica took the delivery over after this
+    // claim expired (a late failure must not undo it), or it already ended.
+    Ok(row.map_or_else(|| "superseded".to_owned(), |r| r.get("state")))
+}
+
+/// Gives a claimed delivery back without counting the attempt, due again
+/// after `$2` seconds: its agent's slots on this replica were all busy.
+const RELEASE: &str = "UPDATE webhook_deliveries
+     SET next_at = now() + make_interval(secs => $2), attempts = attempts - 1
+     WHERE id = $1 AND state = 'pending' AND attempts = $3";
+
+pub async fn release(db: &Client, delivery: &Claimed, after: Duration) -> Result<(), StoreError> {
+    let stmt = db.prepare_cached(RELEASE).await?;
+    db.execute(
+        &stmt,
+        &[&delivery.id, &after.as_secs_f64(), &delivery.attempts],
+    )
+    .await?;
+    Ok(())
 }
 
 /// The queue: deliveries waiting, and how long the oldest has waited.

@@ -110,22 +110,45 @@ pub async fn run(store: Store, settings: Settings, stop: CancellationToken) {
                     .or_insert_with(|| Arc::new(Semaphore::new(settings.per_destination)))
                     .clone()
             };
-            let (store, settings) = (store.clone(), settings.clone());
-            tokio::spawn(async move {
-                let _slot = agent.acquire().await;
-                deliver(&store, &settings, delivery).await;
+            // A slow destination waits in the database, not in this
+            // replica's slots: with its agent's slots all busy, the delivery
+            // goes back (due again shortly) and its permit serves others.
+            let Ok(slot) = agent.try_acquire_owned() else {
                 drop(permit);
+                give_back(&store, &delivery).await;
+                continue;
+            };
+            let (store, settings, due) = (store.clone(), settings.clone(), due.clone());
+            tokio::spawn(async move {
+                deliver(&store, &settings, delivery).await;
+                drop(slot);
+                drop(permit);
+                // A slot is free: look for more at once, not at the next idle poll.
+                due.notify_one();
             });
         }
     }
 }
 
+/// How long a delivery given back waits before it is due again.
+const GIVE_BACK_FOR: Duration = Duration::from_millis(500);
+
+async fn give_back(store: &Store, delivery: &Claimed) {
+    let outcome = async {
+        let db = store.db().await?;
+        webhooks::release(&db, delivery, GIVE_BACK_FOR).await
+    }
+    .await;
+    if let Err(e) = outcome {
+        // The claim expires by itself; it is only later.
+        log_unrecorded(delivery, &e);
+    }
+}
+
 async fn claim(store: &Store, free: usize, settings: &Settings) -> Vec<Claimed> {
-    // Long enough for the queue of one destination to drain on this
-    // replica (in_flight / per_destination attempts in a row), plus slack.
-    let per = settings.per_destination.max(1) as u32;
-    let rounds = (settings.in_flight as u32).div_ceil(per);
-    let claim_for = settings.timeout * (rounds + 1) + Duration::from_secs(5);
+    // A claimed delivery starts at once or goes back: long enough for the
+    // address lookup and the attempt (each bounded by the timeout), plus slack.
+    let claim_for = settings.timeout * 2 + Duration::from_secs(5);
     let outcome = async {
         let db = store.db().await?;
         webhooks::claim(&db, free as i64, claim_for).await
@@ -228,10 +251,13 @@ async fn attempt(settings: &Settings, delivery: &Claimed) -> Outcome {
         Ok(url) => url,
         Err(e) => return retry(None, e.to_string()),
     };
-    let address = match url.destination(settings.allow_private).await {
-        Ok(address) => address,
-        Err(reason) => return retry(None, reason),
-    };
+    let address =
+        match tokio::time::timeout(settings.timeout, url.destination(settings.allow_private)).await
+        {
+            Ok(Ok(address)) => address,
+            Ok(Err(reason)) => return retry(None, reason),
+            Err(_) => return retry(None, format!("looking up {} took too long", url.host())),
+        };
     // Every client builds a TLS connector, even for http: always hand it
     // the shared one.
     let mut builder = reqwest::Client::builder();

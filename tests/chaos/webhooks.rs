@@ -68,7 +68,7 @@ pub async fn replica_killed_mid_delivery() {
     let env = [
         ("PHONE_WEBHOOK_ALLOW_PRIVATE", "true"),
         // Short attempts, so a dead replica's claims expire within the test
-        // (claim = timeout × (32 / 4 + 1) + 5 s = 14 s).
+        // (claim = 2 × timeout + 5 s = 7 s).
         ("PHONE_WEBHOOK_TIMEOUT_SECS", "1"),
         ("PHONE_WEBHOOK_FIRST_RETRY_MS", "200"),
     ];
