@@ -50,6 +50,7 @@ impl Application {
             stopping.clone(),
         )?;
         let limits = Limits::new(config.auth_failure_limit, config.register_limit);
+        tokio::spawn(store::prune::run(store.clone(), stopping.clone()));
         tokio::spawn(crate::webhooks::run(
             store.clone(),
             config.webhooks.clone(),

@@ -397,3 +397,43 @@ async fn suspension_by_the_operator_holds_on_every_replica() {
     two.stop().await;
     one.stop().await;
 }
+
+/// Refused sends and finished webhook deliveries are kept a week: a replica
+/// prunes older ones when it starts (and every ten minutes); pending
+/// deliveries and recent rows stay.
+#[tokio::test]
+async fn refused_sends_and_finished_deliveries_are_pruned_after_a_week() {
+    let first = spawn_app().await;
+    let db = first.db().await;
+    db.batch_execute(
+        "INSERT INTO refused_sends (sender_id, recipient_id, reason, at) VALUES
+             (1, 2, 'old', now() - interval '8 days'), (1, 2, 'recent', now() - interval '1 day');
+         INSERT INTO webhook_deliveries (agent_id, message_id, state, created_at, finished_at) VALUES
+             (1, 1, 'delivered', now() - interval '9 days', now() - interval '8 days'),
+             (1, 2, 'failed', now() - interval '9 days', now() - interval '8 days'),
+             (1, 3, 'delivered', now() - interval '2 days', now() - interval '1 day'),
+             (1, 4, 'pending', now() - interval '9 days', NULL);",
+    )
+    .await
+    .unwrap();
+    let _second = spawn_app_on(&first.database_url, &[]).await;
+    wait_until(
+        &db,
+        "the old rows are gone",
+        "SELECT NOT EXISTS (SELECT 1 FROM refused_sends WHERE reason = 'old')
+            AND NOT EXISTS (SELECT 1 FROM webhook_deliveries WHERE message_id IN (1, 2))",
+    )
+    .await;
+    let left: Vec<String> = db
+        .query(
+            "SELECT reason FROM refused_sends
+             UNION ALL SELECT state || ' ' || message_id FROM webhook_deliveries ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(left, ["delivered 3", "pending 4", "recent"]);
+}

@@ -20,6 +20,7 @@ pub mod limits;
 pub mod messages;
 mod migrate;
 pub mod pool;
+pub mod prune;
 pub mod rows;
 pub mod search;
 pub mod settings;

@@ -1,0 +1,72 @@
+//! Housekeeping: what is kept only for a while. Refused sends (for `phone
+//! admin refused`) and finished webhook deliveries are deleted a week after
+//! they happened, by every replica (idempotent), in bounded batches so that
+//! no statement holds locks for long. Messages are never deleted.
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::{Client, Store, StoreError};
+
+/// How long refused sends and finished deliveries are kept.
+pub const KEEP: Duration = Duration::from_secs(7 * 24 * 3600);
+/// How often each replica looks (and once at start).
+const EVERY: Duration = Duration::from_secs(600);
+/// Rows deleted per statement; a full batch is followed by another.
+const BATCH: i64 = 5_000;
+
+/// `$1` seconds kept, `$2` batch. `refused_sends_at_idx`.
+const REFUSED: &str = "DELETE FROM refused_sends WHERE id = ANY (ARRAY(
+         SELECT id FROM refused_sends WHERE at < now() - make_interval(secs => $1)
+         ORDER BY at LIMIT $2))";
+/// `$1` seconds kept, `$2` batch. `webhook_deliveries_finished_idx`.
+const DELIVERIES: &str = "DELETE FROM webhook_deliveries WHERE id = ANY (ARRAY(
+         SELECT id FROM webhook_deliveries
+         WHERE state <> 'pending' AND finished_at < now() - make_interval(secs => $1)
+         ORDER BY finished_at LIMIT $2))";
+
+/// One round: deletes what is older than `keep`; returns (refused sends,
+/// deliveries) deleted.
+pub async fn once(db: &Client, keep: Duration) -> Result<(u64, u64), StoreError> {
+    let keep = keep.as_secs_f64();
+    let mut deleted = [0u64; 2];
+    for (i, sql) in [REFUSED, DELIVERIES].into_iter().enumerate() {
+        let stmt = db.prepare_cached(sql).await?;
+        // Bounded: a backlog of years is cleared over later rounds.
+        for _ in 0..100 {
+            let n = db.execute(&stmt, &[&keep, &BATCH]).await?;
+            deleted[i] += n;
+            if n < BATCH as u64 {
+                break;
+            }
+        }
+    }
+    Ok((deleted[0], deleted[1]))
+}
+
+/// Runs [`once`] at start and every ten minutes until `stop`.
+pub async fn run(store: Store, stop: CancellationToken) {
+    loop {
+        let outcome = async {
+            let db = store.db().await?;
+            once(&db, KEEP).await
+        }
+        .await;
+        match outcome {
+            Ok((0, 0)) => {}
+            Ok((refused, deliveries)) => {
+                tracing::info!(
+                    refused,
+                    deliveries,
+                    "pruned old refused sends and webhook deliveries"
+                )
+            }
+            Err(e) => tracing::warn!(error = %e, "could not prune old rows"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(EVERY) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}
