@@ -184,7 +184,7 @@ async fn pollers_of_one_inbox_in_one_batch_and_one_that_leaves() {
     }
     assert_eq!(seen.len(), 32, "disjoint shares: {seen:?}");
     // What the leaver took is back; the rest of the inbox comes out once.
-    wait_until(
+    wait_until_settled(
         &app.db().await,
         "the leaver's share is back",
         "SELECT count(*) = 8 FROM messages WHERE read_at IS NULL AND leased_until IS NULL",

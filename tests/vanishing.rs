@@ -80,7 +80,7 @@ async fn a_poll_whose_caller_left_leaves_its_mail_unread() {
     // The poll's statement ran after the caller left; what it took is
     // unread again (and its delivery not counted).
     let db = app.db().await;
-    wait_until(
+    wait_until_settled(
         &db,
         "the abandoned poll's messages are unread again",
         "SELECT count(*) = 5 FROM messages WHERE read_at IS NULL AND delivery_count = 0",
@@ -114,7 +114,7 @@ async fn a_lease_whose_caller_left_is_released() {
     .await;
     assert!(answer.is_none(), "{answer:?}");
     lock.batch_execute("COMMIT").await.unwrap();
-    wait_until(
+    wait_until_settled(
         &app.db().await,
         "the abandoned lease is released",
         "SELECT count(*) = 5 FROM messages WHERE leased_until IS NULL AND delivery_count = 0",

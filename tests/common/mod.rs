@@ -298,6 +298,21 @@ pub async fn wait_until(db: &tokio_postgres::Client, what: &str, sql: &str) {
     panic!("timed out waiting until {what}; sessions: {activity:#?}");
 }
 
+/// [`wait_until`] `sql` holds while no other session of the database runs
+/// a statement. A condition that is also true *before* the server's
+/// statement runs (mail unread again after an abandoned poll: it was unread
+/// before that poll took it, too) only means something once the server is
+/// quiet: a backend turns idle only after its transaction is committed.
+pub async fn wait_until_settled(db: &tokio_postgres::Client, what: &str, sql: &str) {
+    let settled = format!(
+        "SELECT ({sql}) AND NOT EXISTS (
+             SELECT 1 FROM pg_stat_activity
+             WHERE datname = current_database() AND pid <> pg_backend_pid()
+               AND state <> 'idle')"
+    );
+    wait_until(db, what, &settled).await;
+}
+
 /// Scans of `messages` so far: (sequential scans, index scans, rows the
 /// index scans fetched). Counters reach the shared statistics up to a
 /// second after a backend goes idle; see [`messages_scans_after`].
