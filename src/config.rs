@@ -5,7 +5,11 @@
 use std::{net::IpAddr, time::Duration};
 
 use crate::{
-    domain::messages::{MAX_DELIVERIES_DEFAULT, MAX_DELIVERIES_MAX, MailRules, WAIT_SECONDS_MAX},
+    console,
+    domain::{
+        console::OperatorKey,
+        messages::{MAX_DELIVERIES_DEFAULT, MAX_DELIVERIES_MAX, MailRules, WAIT_SECONDS_MAX},
+    },
     http, store, webhooks,
 };
 
@@ -133,6 +137,7 @@ impl Config {
             });
         }
         let client_address_from = client_address_from(&get)?;
+        let console = console_settings(&get)?;
         let mut warnings = Vec::new();
         let on_railway = RAILWAY_VARIABLES
             .iter()
@@ -180,6 +185,7 @@ impl Config {
                 request_timeout,
                 answer_within: request_timeout.saturating_sub(last_look),
                 client_address_from,
+                console,
             },
             connections: http::serve::ConnectionLimits {
                 max_connections: bounded(
@@ -242,6 +248,35 @@ impl Config {
             warnings,
         })
     }
+}
+
+/// `PHONE_CONSOLE_ADMIN_TOKEN` (the operator overview; off when unset) and
+/// `PHONE_CONSOLE_SESSION_HOURS` (how long a console sign-in lasts).
+fn console_settings(
+    get: &impl Fn(&str) -> Option<String>,
+) -> Result<console::Settings, ConfigError> {
+    let operator_key = match get("PHONE_CONSOLE_ADMIN_TOKEN").filter(|t| !t.trim().is_empty()) {
+        None => None,
+        Some(token) => {
+            Some(
+                OperatorKey::from_token(&token).map_err(|reason| ConfigError::Invalid {
+                    name: "PHONE_CONSOLE_ADMIN_TOKEN",
+                    value: "<hidden>".into(),
+                    reason,
+                })?,
+            )
+        }
+    };
+    let hours = bounded(
+        parse(get, "PHONE_CONSOLE_SESSION_HOURS", 12)?,
+        "PHONE_CONSOLE_SESSION_HOURS",
+        1,
+        24 * 30,
+    )?;
+    Ok(console::Settings {
+        operator_key,
+        session_ttl: Duration::from_secs(hours as u64 * 3600),
+    })
 }
 
 /// The variables Railway sets in every deployment.
@@ -379,6 +414,25 @@ mod tests {
             c.http.allowed_hosts,
             ["a.example", "b.example", "phone.up.railway.app"]
         );
+    }
+
+    #[test]
+    fn the_operator_token_must_be_long_and_is_never_echoed() {
+        let base = ("DATABASE_URL", "postgres://x@h/db");
+        assert!(config(&[base]).unwrap().http.console.operator_key.is_none());
+        let err = config(&[base, ("PHONE_CONSOLE_ADMIN_TOKEN", "short-secret")]).unwrap_err();
+        assert!(err.to_string().contains("too short"), "{err}");
+        assert!(!err.to_string().contains("short-secret"), "{err}");
+        let c = config(&[
+            base,
+            (
+                "PHONE_CONSOLE_ADMIN_TOKEN",
+                "a-long-enough-operator-token-1234",
+            ),
+        ])
+        .unwrap();
+        assert!(c.http.console.operator_key.is_some());
+        assert!(!format!("{c:?}").contains("a-long-enough-operator-token-1234"));
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! startup   composition root: Config -> each layer's settings -> serve
 //! config    the environment, parsed into each layer's settings
 //! http      router, layers, /health, the accept loop
+//! console   the web console's pages (/console), sessions, forms
 //! mcp       tool definitions, argument parsing, wire types, rendering, errors
 //! webhooks  the delivery worker: claims due deliveries, POSTs them signed
 //! domain    the rules, in plain types (no SQL, no wire format)
@@ -17,6 +18,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod console;
 pub mod domain;
 pub mod hook;
 pub mod http;

@@ -17,6 +17,7 @@ const LAYERS: &[&str] = &[
     "startup",
     "config",
     "http",
+    "console",
     "mcp",
     "webhooks",
     "domain",

@@ -7,8 +7,10 @@
 //! - `messages`: sending, replying, polling (read, lease, peek, history,
 //!   long polls), acknowledging, outbox and threads.
 //! - `limits`: rate limits on failed authentication and registration.
+//! - `console`: sessions of the web console, and what its pages list.
 
 pub mod agents;
+pub mod console;
 pub mod handover;
 pub mod limits;
 pub mod messages;

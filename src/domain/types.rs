@@ -229,6 +229,12 @@ impl TokenHash {
     }
 }
 
+impl fmt::Debug for TokenHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TokenHash(<redacted>)")
+    }
+}
+
 /// Message ids travel as opaque strings (`msg_<n>`); the number is internal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct MessageId(pub i64);

@@ -1,5 +1,6 @@
 //! The HTTP surface: `/mcp` (rmcp's streamable HTTP server, stateless),
-//! `/health`, and the layers around them; `serve` is the accept loop.
+//! `/console` (web pages, `crate::console`), `/health`, and the layers
+//! around them; `serve` is the accept loop.
 
 mod client_address;
 mod handover;
@@ -47,6 +48,8 @@ pub struct Settings {
     pub answer_within: Duration,
     /// Where the caller's address comes from, for rate limits.
     pub client_address_from: ClientAddressFrom,
+    /// The web console: the operator's token, how long a sign-in lasts.
+    pub console: crate::console::Settings,
 }
 
 pub fn router(settings: &Settings, phone: Phone) -> Router {
@@ -73,17 +76,36 @@ pub fn router(settings: &Settings, phone: Phone) -> Router {
     let max_body = settings.max_body_bytes;
     let address_from = settings.client_address_from.clone();
     let answer_within = settings.answer_within;
-    Router::new()
+    let console = crate::console::router(
+        phone.clone(),
+        settings.console.clone(),
+        crate::console::Rules {
+            allowed_hosts: settings.allowed_hosts.clone(),
+            allowed_origins: settings.allowed_origins.clone(),
+        },
+    );
+    let mcp = Router::new()
         .nest_service("/mcp", mcp)
         .layer(middleware::from_fn(move |req, next| {
             jsonrpc::check_jsonrpc(max_body, req, next)
         }))
+        // Outside rmcp and the envelope check, so that it sees the bytes
+        // that go out and the request's future being dropped.
+        .layer(middleware::from_fn(handover::attach));
+    let plain = Router::new()
+        .route("/health", get(health::health))
+        // Claude Code probes OAuth discovery; a plain 404 tells it no auth flow exists.
+        .route(
+            "/.well-known/{*rest}",
+            any(|| async { StatusCode::NOT_FOUND }),
+        )
+        .with_state(phone);
+    Router::new()
+        .merge(mcp)
+        .nest("/console", console)
         .layer(middleware::from_fn(move |req, next| {
             client_address::attach(address_from.clone(), req, next)
         }))
-        // Outside rmcp and the envelope check, so that it sees the bytes
-        // that go out and the request's future being dropped.
-        .layer(middleware::from_fn(handover::attach))
         // The deadline counts from the request's arrival, before any queue.
         .layer(middleware::from_fn(
             move |mut req: axum::extract::Request, next: middleware::Next| async move {
@@ -92,13 +114,7 @@ pub fn router(settings: &Settings, phone: Phone) -> Router {
                 next.run(req).await
             },
         ))
-        .route("/health", get(health::health))
-        // Claude Code probes OAuth discovery; a plain 404 tells it no auth flow exists.
-        .route(
-            "/.well-known/{*rest}",
-            any(|| async { StatusCode::NOT_FOUND }),
-        )
-        .with_state(phone)
+        .merge(plain)
         .layer(RequestBodyLimitLayer::new(settings.max_body_bytes))
         .layer(TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,

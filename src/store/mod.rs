@@ -14,6 +14,7 @@
 pub mod admin;
 pub mod agents;
 mod batch;
+pub mod console;
 mod error;
 pub mod fragments;
 pub mod limits;

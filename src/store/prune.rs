@@ -1,7 +1,8 @@
 //! Housekeeping: what is kept only for a while. Refused sends (for `phone
 //! admin refused`) and finished webhook deliveries are deleted a week after
-//! they happened, by every replica (idempotent), in bounded batches so that
-//! no statement holds locks for long. Messages are never deleted.
+//! they happened, and console sessions once they expire, by every replica
+//! (idempotent), in bounded batches so that no statement holds locks for
+//! long. Messages are never deleted.
 
 use std::time::Duration;
 
@@ -26,23 +27,42 @@ const DELIVERIES: &str = "DELETE FROM webhook_deliveries WHERE id = ANY (ARRAY(
          WHERE state <> 'pending' AND finished_at < now() - make_interval(secs => $1)
          ORDER BY finished_at LIMIT $2))";
 
-/// One round: deletes what is older than `keep`; returns (refused sends,
-/// deliveries) deleted.
-pub async fn once(db: &Client, keep: Duration) -> Result<(u64, u64), StoreError> {
+/// What one round deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pruned {
+    pub refused: u64,
+    pub deliveries: u64,
+    pub sessions: u64,
+}
+
+/// One round: deletes what is older than `keep`, and expired console
+/// sessions.
+pub async fn once(db: &Client, keep: Duration) -> Result<Pruned, StoreError> {
     let keep = keep.as_secs_f64();
-    let mut deleted = [0u64; 2];
-    for (i, sql) in [REFUSED, DELIVERIES].into_iter().enumerate() {
+    let mut deleted = [0u64; 3];
+    for (i, sql) in [REFUSED, DELIVERIES, super::console::EXPIRED]
+        .into_iter()
+        .enumerate()
+    {
         let stmt = db.prepare_cached(sql).await?;
         // Bounded: a backlog of years is cleared over later rounds.
         for _ in 0..100 {
-            let n = db.execute(&stmt, &[&keep, &BATCH]).await?;
+            let n = if i == 2 {
+                db.execute(&stmt, &[&BATCH]).await?
+            } else {
+                db.execute(&stmt, &[&keep, &BATCH]).await?
+            };
             deleted[i] += n;
             if n < BATCH as u64 {
                 break;
             }
         }
     }
-    Ok((deleted[0], deleted[1]))
+    Ok(Pruned {
+        refused: deleted[0],
+        deliveries: deleted[1],
+        sessions: deleted[2],
+    })
 }
 
 /// Runs [`once`] at start and every ten minutes until `stop`.
@@ -54,12 +74,17 @@ pub async fn run(store: Store, stop: CancellationToken) {
         }
         .await;
         match outcome {
-            Ok((0, 0)) => {}
-            Ok((refused, deliveries)) => {
+            Ok(pruned) if pruned == Pruned::default() => {}
+            Ok(Pruned {
+                refused,
+                deliveries,
+                sessions,
+            }) => {
                 tracing::info!(
                     refused,
                     deliveries,
-                    "pruned old refused sends and webhook deliveries"
+                    sessions,
+                    "pruned old refused sends, webhook deliveries and console sessions"
                 )
             }
             Err(e) => tracing::warn!(error = %e, "could not prune old rows"),

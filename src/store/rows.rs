@@ -91,7 +91,7 @@ impl Delivery {
         }
     }
 
-    fn parse(state: &str) -> Self {
+    pub(super) fn parse(state: &str) -> Self {
         match state {
             "acknowledged" => Self::Acknowledged,
             "read" => Self::Read,

@@ -1,0 +1,748 @@
+//! The web console over real HTTP, as a browser speaks it (forms, cookies,
+//! Origin, redirects), against the real server and PostgreSQL; what the
+//! agents see goes through the real MCP client. The headless-browser run is
+//! tests/console_browser.rs.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::*;
+use reqwest::{StatusCode, header};
+use serde_json::json;
+
+/// A browser, reduced: its cookie jar, the Origin of this server on every
+/// POST, no automatic redirects (the tests look at them).
+struct Browser {
+    http: reqwest::Client,
+    base: String,
+    cookies: HashMap<String, String>,
+    /// Set-Cookie headers of the last answer.
+    set_cookies: Vec<String>,
+}
+
+struct Page {
+    status: StatusCode,
+    headers: header::HeaderMap,
+    body: String,
+}
+
+impl Page {
+    fn location(&self) -> &str {
+        self.headers
+            .get(header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+    }
+
+    /// The value of the first form field `name` on the page.
+    fn field(&self, name: &str) -> String {
+        let marker = format!("name=\"{name}\" value=\"");
+        let start = self
+            .body
+            .find(&marker)
+            .unwrap_or_else(|| panic!("no field {name} in {}", self.body))
+            + marker.len();
+        let end = start + self.body[start..].find('"').unwrap();
+        self.body[start..end].to_owned()
+    }
+}
+
+impl Browser {
+    fn new(app: &TestApp) -> Self {
+        Self::at(&format!("http://{}", app.addr))
+    }
+
+    fn at(base: &str) -> Self {
+        Self {
+            http: reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .unwrap(),
+            base: base.to_owned(),
+            cookies: HashMap::new(),
+            set_cookies: Vec::new(),
+        }
+    }
+
+    fn cookie_header(&self) -> String {
+        self.cookies
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    async fn finish(&mut self, response: reqwest::Response) -> Page {
+        let status = response.status();
+        let headers = response.headers().clone();
+        self.set_cookies = headers
+            .get_all(header::SET_COOKIE)
+            .iter()
+            .map(|v| v.to_str().unwrap().to_owned())
+            .collect();
+        for set in &self.set_cookies {
+            let pair = set.split(';').next().unwrap();
+            let (k, v) = pair.split_once('=').unwrap();
+            if v.is_empty() || set.contains("Max-Age=0") {
+                self.cookies.remove(k);
+            } else {
+                self.cookies.insert(k.to_owned(), v.to_owned());
+            }
+        }
+        Page {
+            status,
+            headers,
+            body: response.text().await.unwrap(),
+        }
+    }
+
+    async fn get(&mut self, path: &str) -> Page {
+        let response = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .header(header::COOKIE, self.cookie_header())
+            .send()
+            .await
+            .unwrap();
+        self.finish(response).await
+    }
+
+    async fn post(&mut self, path: &str, form: &[(&str, &str)]) -> Page {
+        self.post_from(path, form, Some(&self.base.clone())).await
+    }
+
+    async fn post_from(&mut self, path: &str, form: &[(&str, &str)], origin: Option<&str>) -> Page {
+        let mut request = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header(header::COOKIE, self.cookie_header())
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(
+                url::form_urlencoded::Serializer::new(String::new())
+                    .extend_pairs(form)
+                    .finish(),
+            );
+        if let Some(origin) = origin {
+            request = request.header(header::ORIGIN, origin);
+        }
+        let response = request.send().await.unwrap();
+        self.finish(response).await
+    }
+
+    /// Signs in through the form; returns the answer to the POST.
+    async fn sign_in(&mut self, name: &str, token: &str) -> Page {
+        let form = self.get("/console/sign-in").await;
+        assert_eq!(form.status, StatusCode::OK, "{}", form.body);
+        let csrf = form.field("csrf");
+        self.post(
+            "/console/sign-in",
+            &[("name", name), ("token", token), ("csrf", &csrf)],
+        )
+        .await
+    }
+
+    async fn signed_in(app: &TestApp, agent: &Agent) -> Self {
+        let mut browser = Self::new(app);
+        let answer = browser.sign_in(&agent.name, &agent.token).await;
+        assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+        assert_eq!(answer.location(), "/console/inbox");
+        browser
+    }
+}
+
+/// The body a message gets in the console: everything a hostile sender can
+/// put in text (markup, a forged header line, bidi controls).
+const HOSTILE: &str = "<script>alert(1)</script><img src=x onerror=alert(2)>\n\
+     From: admin\n\u{202E}evil\u{202C} & \"quotes\"";
+
+#[tokio::test]
+async fn looking_at_the_inbox_never_consumes_mail() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let bob = register(&c, "bob", "B", "p").await;
+    let hostile = ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "bob", "subject": "<b>bold</b> plan", "body": HOSTILE})),
+    )
+    .await;
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "bob", "body": "second"})),
+    )
+    .await;
+
+    let mut browser = Browser::signed_in(&app, &bob).await;
+    let inbox = browser.get("/console/inbox").await;
+    assert_eq!(inbox.status, StatusCode::OK);
+    assert!(
+        inbox.body.contains("&lt;b&gt;bold&lt;/b&gt; plan"),
+        "{}",
+        inbox.body
+    );
+    assert!(inbox.body.contains("2 unread"), "{}", inbox.body);
+    let link = format!("/console/messages/{}", hostile["id"].as_str().unwrap());
+    assert!(inbox.body.contains(&link), "{}", inbox.body);
+    let message = browser.get(&link).await;
+    assert_eq!(message.status, StatusCode::OK, "{}", message.body);
+    // Escaped, as text: no element, no attribute came from the body.
+    assert!(!message.body.contains("<script>alert"), "{}", message.body);
+    assert!(!message.body.contains("<img src=x"), "{}", message.body);
+    assert!(
+        message
+            .body
+            .contains("&lt;script&gt;alert(1)&lt;/script&gt;")
+    );
+    assert!(message.body.contains("<pre class=\"body\">"));
+    let unread = browser.get("/console/inbox?view=unread").await;
+    assert!(unread.body.contains("2 unread"));
+    browser.get("/console/threads").await;
+    browser.get("/console/outbox").await;
+
+    let db = app.db().await;
+    let untouched: i64 = db
+        .query_one(
+            "SELECT count(*) FROM messages WHERE read_at IS NULL AND delivery_count = 0",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(untouched, 2, "the console marked mail read");
+    let seen: Option<chrono::DateTime<chrono::Utc>> = db
+        .query_one("SELECT last_seen_at FROM agents WHERE name = 'bob'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let polled = ok(&c, "phone_inbox", bob.with(json!({"limit": 10}))).await;
+    assert_eq!(polled["messages"].as_array().unwrap().len(), 2, "{polled}");
+    // Reading in the console is not the agent being online; only its own
+    // sign-in touched presence (a check of its token).
+    let _ = seen;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_session_works_on_every_replica_and_signing_out_ends_it_everywhere() {
+    let database = fresh_database().await;
+    let one = spawn_app_on(&database, &[]).await;
+    let two = spawn_app_on(&database, &[]).await;
+    let c = one.client().await;
+    let bob = register(&c, "bob", "B", "p").await;
+
+    let mut on_one = Browser::signed_in(&one, &bob).await;
+    let cookie = on_one.cookies.clone();
+    assert!(cookie.contains_key("phone_console"), "{cookie:?}");
+    let set = on_one
+        .set_cookies
+        .iter()
+        .find(|s| s.starts_with("phone_console="))
+        .unwrap()
+        .clone();
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/console", "Max-Age="] {
+        assert!(set.contains(attribute), "{set}");
+    }
+    assert!(!set.contains("Secure"), "plain http on loopback: {set}");
+
+    let mut on_two = Browser::new(&two);
+    on_two.cookies = cookie.clone();
+    let inbox = on_two.get("/console/inbox").await;
+    assert_eq!(inbox.status, StatusCode::OK, "{}", inbox.body);
+    assert!(inbox.body.contains("Signed in as"));
+
+    // Signing out on the second replica ends the session on the first.
+    let csrf = inbox.field("csrf");
+    let out = on_two.post("/console/sign-out", &[("csrf", &csrf)]).await;
+    assert_eq!(out.status, StatusCode::SEE_OTHER);
+    assert_eq!(out.location(), "/console/sign-in?signed_out=1");
+    assert!(on_two.set_cookies.iter().any(|s| s.contains("Max-Age=0")));
+    on_one.cookies = cookie;
+    let after = on_one.get("/console/inbox").await;
+    assert_eq!(after.status, StatusCode::SEE_OTHER);
+    assert_eq!(after.location(), "/console/sign-in");
+    one.stop().await;
+    two.stop().await;
+}
+
+#[tokio::test]
+async fn writing_sends_as_the_agent_and_replies_join_the_thread() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let bob = register(&c, "bob", "B", "p").await;
+    let mut browser = Browser::signed_in(&app, &bob).await;
+
+    let form = browser.get("/console/compose?to=alice").await;
+    assert_eq!(form.field("to"), "alice");
+    let csrf = form.field("csrf");
+    let key = form.field("idempotency_key");
+    let fields = [
+        ("csrf", csrf.as_str()),
+        ("idempotency_key", key.as_str()),
+        ("to", "alice"),
+        ("subject", "from the human"),
+        ("body", "line one\r\nline two"),
+    ];
+    let sent = browser.post("/console/compose", &fields).await;
+    assert_eq!(sent.status, StatusCode::SEE_OTHER, "{}", sent.body);
+    assert!(sent.location().ends_with("?sent=1"), "{}", sent.location());
+    // The same form sent twice (a double click, a reload) stores one message.
+    let again = browser.post("/console/compose", &fields).await;
+    assert_eq!(again.location(), sent.location());
+    let shown = browser.get(sent.location()).await;
+    assert!(shown.body.contains("Sent to alice."), "{}", shown.body);
+
+    let got = ok(&c, "phone_inbox", alice.with(json!({}))).await;
+    let messages = got["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 1, "{got}");
+    assert_eq!(messages[0]["from"], "bob");
+    assert_eq!(messages[0]["body"], "line one\nline two");
+    let first = messages[0]["id"].as_str().unwrap().to_owned();
+
+    let answer = ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"reply_to": first, "body": "got it"})),
+    )
+    .await;
+    let reply_id = answer["id"].as_str().unwrap();
+    let thread = browser.get(&format!("/console/messages/{reply_id}")).await;
+    assert_eq!(thread.status, StatusCode::OK);
+    assert!(thread.body.contains("got it") && thread.body.contains("line one"));
+    assert_eq!(thread.field("reply_to"), reply_id);
+    assert_eq!(thread.field("subject"), "Re: from the human");
+    let reply = browser
+        .post(
+            "/console/compose",
+            &[
+                ("csrf", &thread.field("csrf")),
+                ("idempotency_key", &thread.field("idempotency_key")),
+                ("reply_to", reply_id),
+                ("subject", "Re: from the human"),
+                ("body", "thanks"),
+            ],
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::SEE_OTHER, "{}", reply.body);
+    let got = ok(&c, "phone_inbox", alice.with(json!({}))).await;
+    assert_eq!(got["messages"][0]["reply_to"], reply_id, "{got}");
+    assert_eq!(got["messages"][0]["body"], "thanks");
+
+    let threads = browser.get("/console/threads").await;
+    assert!(threads.body.contains("3 messages"), "{}", threads.body);
+    let outbox = browser.get("/console/outbox").await;
+    assert!(outbox.body.contains("badge read"), "{}", outbox.body);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_refused_send_keeps_what_was_typed() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let bob = register(&c, "bob", "B", "p").await;
+    let mut browser = Browser::signed_in(&app, &bob).await;
+    let form = browser.get("/console/compose").await;
+    let answer = browser
+        .post(
+            "/console/compose",
+            &[
+                ("csrf", &form.field("csrf")),
+                ("idempotency_key", &form.field("idempotency_key")),
+                ("to", "nobody-here"),
+                ("subject", "hello"),
+                ("body", "my long careful text <kept>"),
+            ],
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::NOT_FOUND, "{}", answer.body);
+    assert!(
+        answer.body.contains("Not sent: no agent named"),
+        "{}",
+        answer.body
+    );
+    assert!(answer.body.contains("my long careful text &lt;kept&gt;"));
+    assert_eq!(answer.field("to"), "nobody-here");
+
+    let big = "x".repeat(70 * 1024);
+    let answer = browser
+        .post(
+            "/console/compose",
+            &[("csrf", &form.field("csrf")), ("to", "bob"), ("body", &big)],
+        )
+        .await;
+    assert_eq!(
+        answer.status,
+        StatusCode::BAD_REQUEST,
+        "{}",
+        &answer.body[..200]
+    );
+    assert!(answer.body.contains("64 KiB"));
+    let stored = app.count("SELECT count(*) FROM messages").await;
+    assert_eq!(stored, 0);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn forms_need_their_csrf_token_and_this_servers_origin() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    register(&c, "alice", "A", "p").await;
+    let bob = register(&c, "bob", "B", "p").await;
+    let mut browser = Browser::signed_in(&app, &bob).await;
+    let form = browser.get("/console/compose").await;
+    let csrf = form.field("csrf");
+    let wrong = [
+        ("csrf", "not-the-token"),
+        ("to", "alice"),
+        ("body", "forged?"),
+    ];
+    let answer = browser.post("/console/compose", &wrong).await;
+    assert_eq!(answer.status, StatusCode::FORBIDDEN, "{}", answer.body);
+    assert!(answer.body.contains("Form expired"));
+
+    let right = [
+        ("csrf", csrf.as_str()),
+        ("to", "alice"),
+        ("body", "forged?"),
+    ];
+    for origin in [Some("http://evil.example"), Some("null"), None] {
+        let answer = browser.post_from("/console/compose", &right, origin).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::FORBIDDEN,
+            "{origin:?}: {}",
+            answer.body
+        );
+    }
+    assert_eq!(app.count("SELECT count(*) FROM messages").await, 0);
+
+    // Sign-in has no session yet: its token rides in a cookie (double
+    // submit), so a form posted from elsewhere cannot sign a browser in.
+    let mut stranger = Browser::new(&app);
+    let answer = stranger
+        .post(
+            "/console/sign-in",
+            &[("name", "bob"), ("token", &bob.token), ("csrf", "guess")],
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::FORBIDDEN, "{}", answer.body);
+    assert!(!stranger.cookies.contains_key("phone_console"));
+
+    let answer = browser.post("/console/compose", &right).await;
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+    assert_eq!(app.count("SELECT count(*) FROM messages").await, 1);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn hosts_follow_the_mcp_rules_and_https_hosts_get_secure_cookies() {
+    let app = spawn_app_with(&[("PHONE_ALLOWED_HOSTS", "phone.example")]).await;
+    let http = reqwest::Client::new();
+    let page = http
+        .get(app.url("/console/sign-in"))
+        .header(header::HOST, "evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), StatusCode::FORBIDDEN);
+    assert!(
+        page.text()
+            .await
+            .unwrap()
+            .contains("not one this server answers to")
+    );
+
+    let page = http
+        .get(app.url("/console/sign-in"))
+        .header(header::HOST, "phone.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), StatusCode::OK);
+    let set = page.headers()[header::SET_COOKIE]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(set.starts_with("__Host-phone_console_signin="), "{set}");
+    assert!(set.contains("; Secure") && set.contains("Path=/;"), "{set}");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn every_console_page_carries_the_security_headers() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let bob = register(&c, "bob", "B", "p").await;
+    let mut browser = Browser::signed_in(&app, &bob).await;
+    for path in [
+        "/console/inbox",
+        "/console/outbox",
+        "/console/messages/nope",
+        "/console/no-such-page",
+    ] {
+        let page = browser.get(path).await;
+        let csp = page.headers[header::CONTENT_SECURITY_POLICY]
+            .to_str()
+            .unwrap();
+        assert!(csp.contains("default-src 'none'"), "{path}: {csp}");
+        assert!(csp.contains("frame-ancestors 'none'"), "{path}: {csp}");
+        assert!(!csp.contains("unsafe-inline"), "{path}: {csp}");
+        assert_eq!(page.headers[header::X_FRAME_OPTIONS], "DENY", "{path}");
+        assert_eq!(page.headers[header::X_CONTENT_TYPE_OPTIONS], "nosniff");
+        assert_eq!(page.headers[header::REFERRER_POLICY], "same-origin");
+        assert_eq!(page.headers[header::CACHE_CONTROL], "no-store", "{path}");
+        assert!(
+            page.headers[header::CONTENT_TYPE]
+                .to_str()
+                .unwrap()
+                .starts_with("text/html"),
+            "{path}"
+        );
+    }
+    let css = browser.get("/console/assets/console.css").await;
+    assert_eq!(css.status, StatusCode::OK);
+    assert!(
+        css.headers[header::CONTENT_TYPE]
+            .to_str()
+            .unwrap()
+            .starts_with("text/css")
+    );
+    // Nothing on the pages loads from elsewhere.
+    let inbox = browser.get("/console/inbox").await;
+    assert!(!inbox.body.contains("http://") && !inbox.body.contains("https://"));
+    assert!(!inbox.body.contains("<script"));
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_clear_page_never_a_500() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let bob = register(&c, "bob", "B", "p").await;
+    let carol = register(&c, "carol", "C", "p").await;
+    let theirs = ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "carol", "body": "private"})),
+    )
+    .await;
+    let _ = carol;
+    let mut browser = Browser::signed_in(&app, &bob).await;
+    let cases = [
+        (
+            "/console/messages/abc",
+            StatusCode::BAD_REQUEST,
+            "not a message id",
+        ),
+        (
+            "/console/messages/msg_0",
+            StatusCode::BAD_REQUEST,
+            "not a message id",
+        ),
+        (
+            "/console/messages/msg_99999999",
+            StatusCode::NOT_FOUND,
+            "not found",
+        ),
+        (
+            "/console/inbox?before=x",
+            StatusCode::BAD_REQUEST,
+            "page position",
+        ),
+        (
+            "/console/inbox?view=everything",
+            StatusCode::BAD_REQUEST,
+            "view must be",
+        ),
+        (
+            "/console/outbox?cursor=zzz",
+            StatusCode::BAD_REQUEST,
+            "not a cursor",
+        ),
+        (
+            "/console/threads?before=-1",
+            StatusCode::BAD_REQUEST,
+            "page position",
+        ),
+        (
+            "/console/directory?cursor=%FF",
+            StatusCode::BAD_REQUEST,
+            "cursor",
+        ),
+        (
+            "/console/inbox?view=%ZZ",
+            StatusCode::BAD_REQUEST,
+            "view must be",
+        ),
+        (
+            "/console/inbox?before=1&before=2",
+            StatusCode::BAD_REQUEST,
+            "could not be read",
+        ),
+        ("/console/nowhere", StatusCode::NOT_FOUND, "no such page"),
+        (
+            "/console/operator",
+            StatusCode::NOT_FOUND,
+            "PHONE_CONSOLE_ADMIN_TOKEN",
+        ),
+    ];
+    for (path, status, words) in cases {
+        let page = browser.get(path).await;
+        assert_eq!(page.status, status, "{path}: {}", page.body);
+        assert!(page.body.contains(words), "{path}: {}", page.body);
+    }
+    // Someone else's message is not found, whatever its id.
+    let id = theirs["id"].as_str().unwrap();
+    let page = browser.get(&format!("/console/messages/{id}")).await;
+    assert_eq!(page.status, StatusCode::NOT_FOUND);
+    assert!(!page.body.contains("private"));
+    let wrong_method = browser.post("/console/inbox", &[]).await;
+    assert_eq!(wrong_method.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert!(
+        wrong_method
+            .body
+            .contains("does not take that kind of request")
+    );
+    let broken = browser.post("/console/compose", &[("csrf", "x")]).await;
+    assert_eq!(broken.status, StatusCode::FORBIDDEN);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn failed_sign_ins_count_against_the_same_limit_as_tools() {
+    let app = spawn_app_with(&[("PHONE_AUTH_FAILURE_LIMIT", "3")]).await;
+    let c = app.client().await;
+    let bob = register(&c, "bob", "B", "p").await;
+    let mut browser = Browser::new(&app);
+    let wrong = "phn_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
+    for _ in 0..3 {
+        let answer = browser.sign_in("bob", wrong).await;
+        assert_eq!(answer.status, StatusCode::UNAUTHORIZED, "{}", answer.body);
+        assert!(answer.body.contains("invalid token"), "{}", answer.body);
+        // The name is kept, the token never comes back.
+        assert_eq!(answer.field("name"), "bob");
+        assert!(!answer.body.contains(wrong));
+    }
+    let answer = browser.sign_in("bob", wrong).await;
+    assert_eq!(
+        answer.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        answer.body
+    );
+    // The same bucket as the tools: this address is limited there too.
+    let err = tool_err(&c, "phone_inbox", bob.with(json!({}))).await;
+    assert!(err.contains("too many"), "{err}");
+    let answer = browser.sign_in("bob", &bob.token).await;
+    assert_eq!(answer.status, StatusCode::TOO_MANY_REQUESTS);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_rotated_token_or_an_unregistered_agent_ends_its_sessions() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let bob = register(&c, "bob", "B", "p").await;
+    let mut browser = Browser::signed_in(&app, &bob).await;
+    assert_eq!(browser.get("/console/inbox").await.status, StatusCode::OK);
+    let rotated = ok(&c, "phone_rotate_token", bob.with(json!({}))).await;
+    let page = browser.get("/console/inbox").await;
+    assert_eq!(page.status, StatusCode::SEE_OTHER, "{}", page.body);
+    assert_eq!(page.location(), "/console/sign-in");
+
+    let bob = Agent {
+        name: "bob".into(),
+        token: rotated["token"].as_str().unwrap().to_owned(),
+    };
+    let mut browser = Browser::signed_in(&app, &bob).await;
+    ok(&c, "phone_unregister", bob.with(json!({}))).await;
+    let page = browser.get("/console/inbox").await;
+    assert_eq!(page.location(), "/console/sign-in");
+    app.stop().await;
+}
+
+const OPERATOR: &str = "operator-token-long-enough-for-tests-0001";
+
+#[tokio::test]
+async fn the_operator_overview_needs_its_own_token() {
+    let app = spawn_app_with(&[("PHONE_CONSOLE_ADMIN_TOKEN", OPERATOR)]).await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "red").await;
+    let bob = register(&c, "bob", "B", "blue").await;
+    for i in 0..3 {
+        ok(
+            &c,
+            "phone_send",
+            alice.with(json!({"to": "bob", "body": format!("m{i}")})),
+        )
+        .await;
+    }
+
+    // An agent's session does not open the overview.
+    let mut as_bob = Browser::signed_in(&app, &bob).await;
+    let page = as_bob.get("/console/operator").await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(page.body.contains("Operator token") && !page.body.contains("<svg"));
+
+    let mut operator = Browser::new(&app);
+    let form = operator.get("/console/operator").await;
+    let answer = operator
+        .post(
+            "/console/operator/sign-in",
+            &[
+                ("token", "wrong-wrong-wrong-wrong-wrong"),
+                ("csrf", &form.field("csrf")),
+            ],
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::UNAUTHORIZED, "{}", answer.body);
+    let answer = operator
+        .post(
+            "/console/operator/sign-in",
+            &[("token", OPERATOR), ("csrf", &answer.field("csrf"))],
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+    let overview = operator.get("/console/operator").await;
+    assert_eq!(overview.status, StatusCode::OK, "{}", overview.body);
+    let body = &overview.body;
+    assert!(body.contains("<svg"), "{body}");
+    assert_eq!(body.matches("<rect").count(), 14, "a bar per day");
+    assert!(body.contains(": 3 messages"), "today's bar: {body}");
+    assert!(body.contains(">red<") && body.contains(">blue<"), "{body}");
+    assert!(body.contains("Largest unread backlogs"));
+    // Bodies never appear on the overview.
+    assert!(!body.contains(">m0<") && !body.contains("m1"));
+    let month = operator.get("/console/operator?days=30").await;
+    assert_eq!(month.body.matches("<rect").count(), 30);
+    let bad = operator.get("/console/operator?days=1000").await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    // The operator's session is not an agent's.
+    let page = operator.get("/console/inbox").await;
+    assert_eq!(page.location(), "/console/sign-in");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_directory_finds_agents_to_write_to() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    register(
+        &c,
+        "invoice-bot",
+        "Reads invoices and extracts totals",
+        "books",
+    )
+    .await;
+    let bob = register(&c, "bob", "B", "p").await;
+    let mut browser = Browser::signed_in(&app, &bob).await;
+    let page = browser.get("/console/directory?q=invoices").await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(page.body.contains("invoice-bot"), "{}", page.body);
+    assert!(page.body.contains("/console/compose?to=invoice-bot"));
+    app.stop().await;
+}
