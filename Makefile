@@ -1,4 +1,4 @@
-.PHONY: run test db-stop build clean bench bench-quick cluster cluster-stop chaos demo-data image image-check
+.PHONY: run test db-stop build clean bench bench-quick cluster cluster-stop chaos demo-data image image-check screenshots
 
 ## run: build and start the server on :3000 (a private PostgreSQL under ./data/ unless DATABASE_URL is set)
 run:
@@ -11,6 +11,10 @@ test:
 ## chaos: the fault suite (kill -9, PostgreSQL crash, network cut, pool exhaustion, slow clients, vanishing callers, a replica killed mid webhook delivery; ~4 min) on its own PostgreSQL; see docs/RELIABILITY.md
 chaos:
 	@scripts/chaos.sh
+
+## screenshots: drive the console in headless Chromium (tests/console_browser.rs) and refresh docs/console/*.png, which the README shows
+screenshots:
+	@PHONE_SKIP_CLIENTS=1 PHONE_SCREENSHOT_DIR=$(CURDIR)/docs/console scripts/test.sh --test console_browser
 
 ## db-stop: stop the PostgreSQL that `make run` started
 db-stop:

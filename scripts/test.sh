@@ -27,6 +27,8 @@ if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
         || DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq nginx >&2
     $sudo service nginx stop >/dev/null 2>&1 || true
 fi
+# The console's browser test drives Debian's headless Chromium.
+scripts/browser-setup.sh
 
 status=0
 if cargo nextest --version >/dev/null 2>&1; then

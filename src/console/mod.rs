@@ -83,6 +83,7 @@ pub fn router(phone: Phone, settings: Settings, rules: Rules) -> Router {
         .route("/operator", get(operator))
         .route("/operator/sign-in", post(operator_sign_in))
         .route("/assets/console.css", get(stylesheet))
+        .route("/assets/icon.svg", get(icon))
         .fallback(|| async {
             problem(
                 StatusCode::NOT_FOUND,
@@ -858,6 +859,27 @@ async fn operator_sign_in(
             operator_form(&headers, status, Some(&text))
         }
     }
+}
+
+/// The tab's icon (without one, browsers ask for /favicon.ico).
+async fn icon() -> Response {
+    (
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("image/svg+xml"),
+            ),
+            (
+                header::CACHE_CONTROL,
+                HeaderValue::from_static("public, max-age=86400"),
+            ),
+        ],
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 32 32\">\
+         <rect width=\"32\" height=\"32\" rx=\"7\" fill=\"#0b5cad\"/>\
+         <text x=\"16\" y=\"23\" font-size=\"18\" text-anchor=\"middle\" fill=\"#fff\" \
+         font-family=\"sans-serif\">p</text></svg>",
+    )
+        .into_response()
 }
 
 async fn stylesheet() -> Response {

@@ -40,7 +40,8 @@ pub fn daily_chart(daily: &[(NaiveDate, i64)]) -> Markup {
             aria-label=(format!("Messages per day over the last {} days: {total} in all", daily.len())) {
             title { "Messages per day (UTC)" }
             @for v in [0, top / 2, top] {
-                line.grid x1=(LEFT) x2=(WIDTH - 8.0) y1=(y(v)) y2=(y(v));
+                // Closed explicitly: in SVG a bare `<line>` swallows what follows.
+                line.grid x1=(LEFT) x2=(WIDTH - 8.0) y1=(y(v)) y2=(y(v)) {}
                 text.axis x=(LEFT - 6.0) y=(y(v) + 4.0) text-anchor="end" { (v) }
             }
             @for (i, (day, count)) in daily.iter().enumerate() {
@@ -49,7 +50,7 @@ pub fn daily_chart(daily: &[(NaiveDate, i64)]) -> Markup {
                     width=(format!("{bar:.1}")) height=(format!("{:.1}", TOP + plot_h - y(*count))) {
                     title { (day) ": " (count) " messages" }
                 }
-                @if i % label_every == 0 || i + 1 == daily.len() {
+                @if (daily.len() - 1 - i) % label_every == 0 {
                     text.axis x=(format!("{:.1}", x + bar / 2.0)) y=(HEIGHT - 8.0) text-anchor="middle" {
                         (day.format("%m-%d"))
                     }
@@ -130,6 +131,7 @@ mod tests {
             .collect();
         let svg = daily_chart(&daily).into_string();
         assert_eq!(svg.matches("<rect").count(), 14);
+        assert_eq!(svg.matches("<line").count(), svg.matches("</line>").count());
         assert!(
             svg.contains(">50<"),
             "top of the scale for a maximum of 39: {svg}"

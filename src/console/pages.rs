@@ -64,6 +64,7 @@ pub fn page(title: &str, chrome: &Chrome<'_>, notice: Option<Notice<'_>>, body: 
                 meta name="referrer" content="same-origin";
                 title { (title) " · phone console" }
                 link rel="stylesheet" href=(STYLE_PATH);
+                link rel="icon" type="image/svg+xml" href="/console/assets/icon.svg";
             }
             body {
                 header.top {
