@@ -437,3 +437,59 @@ async fn refused_sends_and_finished_deliveries_are_pruned_after_a_week() {
         .collect();
     assert_eq!(left, ["delivered 3", "pending 4", "recent"]);
 }
+
+/// The unread cap costs a send one index probe while the recipient's
+/// backlog is young (its pollers keep up), not a walk of every unread row
+/// per send; an old backlog at the cap is still refused.
+#[tokio::test]
+async fn the_unread_cap_does_not_walk_a_young_backlog() {
+    let app = spawn_app_with(&[("PHONE_INBOX_UNREAD_MAX", "1000")]).await;
+    let c = app.client().await;
+    let writer = register(&c, "writer", "W", "p").await;
+    register(&c, "reader", "R", "p").await;
+    let db = app.db().await;
+    // 300 unread for the reader, the newest ids issued.
+    db.batch_execute(
+        "INSERT INTO messages (sender_id, recipient_id, body, thread_id)
+         SELECT w.id, r.id, 'old', 0 FROM agents w, agents r, generate_series(1, 300)
+         WHERE w.name = 'writer' AND r.name = 'reader';
+         ANALYZE messages;",
+    )
+    .await
+    .unwrap();
+    let before = messages_scans_from_zero(&db).await;
+    for i in 0..10 {
+        ok(
+            &c,
+            "phone_send",
+            writer.with(json!({"to": "reader", "body": format!("m{i}")})),
+        )
+        .await;
+    }
+    let (_, _, fetched) = messages_scans_after(&db, before, 10).await;
+    // Counting the backlog fetches its 300 rows per send (3,000 in all).
+    assert!(
+        fetched < 300,
+        "10 sends fetched {fetched} messages rows: the backlog was counted"
+    );
+
+    // Once the backlog could be full (older than 1,000 ids), it is counted,
+    // and a full inbox refuses.
+    db.batch_execute(
+        "SELECT setval('messages_id_seq', nextval('messages_id_seq') + 5000);
+         INSERT INTO messages (sender_id, recipient_id, body, thread_id)
+         SELECT w.id, r.id, 'more', 0 FROM agents w, agents r, generate_series(1, 690)
+         WHERE w.name = 'writer' AND r.name = 'reader';",
+    )
+    .await
+    .unwrap();
+    let full = call(
+        &c,
+        "phone_send",
+        writer.with(json!({"to": "reader", "body": "one too many"})),
+    )
+    .await;
+    assert_eq!(full.is_error, Some(true), "{full:?}");
+    assert!(text(&full).contains("inbox is full"), "{}", text(&full));
+    app.stop().await;
+}

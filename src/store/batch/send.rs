@@ -200,9 +200,20 @@ pub(super) fn sends() -> String {
         SELECT c.ord,
                CASE WHEN $18 > 0 AND b.sent_this_hour + c.nth > $18 THEN 'send_quota'
                     WHEN c.first_contact AND b.new_today + c.nth_new > $19 THEN 'new_recipient_quota'
-                    WHEN $20 > 0 AND (SELECT count(*) FROM (
-                             SELECT 1 FROM messages m WHERE {backlog}
-                             ORDER BY {INBOX_ORDER} LIMIT $20) u) >= $20 THEN 'inbox_full'
+                    WHEN $20 > 0 AND CASE
+                        -- The backlog is counted only when it could be
+                        -- full: it holds at most as many messages as there
+                        -- are ids from its oldest to the newest issued. A
+                        -- young backlog (pollers keeping up) costs one
+                        -- index probe, not a walk of its rows per send.
+                        WHEN (SELECT last_value FROM messages_id_seq) + 1 - coalesce((
+                                 SELECT m.id FROM messages m WHERE {backlog}
+                                 ORDER BY {INBOX_ORDER} LIMIT 1), 9223372036854775807) < $20
+                        THEN false
+                        ELSE (SELECT count(*) FROM (
+                                  SELECT 1 FROM messages m WHERE {backlog}
+                                  ORDER BY {INBOX_ORDER} LIMIT $20) u) >= $20
+                    END THEN 'inbox_full'
                END AS refusal
         FROM counted c JOIN base b ON b.sender_id = c.sender_id),
     decided AS (
