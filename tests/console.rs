@@ -175,6 +175,18 @@ async fn looking_at_the_inbox_never_consumes_mail() {
     )
     .await;
 
+    let db = app.db().await;
+    // As if bob's agent was last seen long ago.
+    db.batch_execute(
+        "UPDATE agents SET last_seen_at = now() - interval '1 day' WHERE name = 'bob'",
+    )
+    .await
+    .unwrap();
+    let bob_seen: Option<chrono::DateTime<chrono::Utc>> = db
+        .query_one("SELECT last_seen_at FROM agents WHERE name = 'bob'", &[])
+        .await
+        .unwrap()
+        .get(0);
     let mut browser = Browser::signed_in(&app, &bob).await;
     let inbox = browser.get("/console/inbox").await;
     assert_eq!(inbox.status, StatusCode::OK);
@@ -202,7 +214,6 @@ async fn looking_at_the_inbox_never_consumes_mail() {
     browser.get("/console/threads").await;
     browser.get("/console/outbox").await;
 
-    let db = app.db().await;
     let untouched: i64 = db
         .query_one(
             "SELECT count(*) FROM messages WHERE read_at IS NULL AND delivery_count = 0",
@@ -212,16 +223,15 @@ async fn looking_at_the_inbox_never_consumes_mail() {
         .unwrap()
         .get(0);
     assert_eq!(untouched, 2, "the console marked mail read");
+    // Neither signing in nor reading is the agent being online.
     let seen: Option<chrono::DateTime<chrono::Utc>> = db
         .query_one("SELECT last_seen_at FROM agents WHERE name = 'bob'", &[])
         .await
         .unwrap()
         .get(0);
+    assert_eq!(seen, bob_seen, "the console wrote bob's presence");
     let polled = ok(&c, "phone_inbox", bob.with(json!({"limit": 10}))).await;
     assert_eq!(polled["messages"].as_array().unwrap().len(), 2, "{polled}");
-    // Reading in the console is not the agent being online; only its own
-    // sign-in touched presence (a check of its token).
-    let _ = seen;
     app.stop().await;
 }
 

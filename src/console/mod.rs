@@ -189,11 +189,8 @@ impl Console {
     }
 
     /// A form's CSRF token must be its session's.
-    fn check_csrf(session_csrf: &str, presented: Option<&str>) -> Result<(), Response> {
-        match presented {
-            Some(p) if same_secret(p, session_csrf) => Ok(()),
-            _ => Err(expired_form()),
-        }
+    fn csrf_holds(session_csrf: &str, presented: Option<&str>) -> bool {
+        presented.is_some_and(|p| same_secret(p, session_csrf))
     }
 }
 
@@ -364,8 +361,8 @@ async fn sign_out(
         Err(page) => return page,
     };
     if let Some((secret, session)) = session {
-        if let Err(page) = Console::check_csrf(&session.csrf, form.csrf.as_deref()) {
-            return page;
+        if !Console::csrf_holds(&session.csrf, form.csrf.as_deref()) {
+            return expired_form();
         }
         if let Err(e) = console.phone.console_sign_out(&secret).await {
             return error_page(e);
@@ -635,8 +632,8 @@ async fn compose(State(console): State<Console>, headers: HeaderMap, request: Re
         Ok(form) => form,
         Err(rejection) => return bad_form(rejection),
     };
-    if let Err(page) = Console::check_csrf(&me.csrf, form.csrf.as_deref()) {
-        return page;
+    if !Console::csrf_holds(&me.csrf, form.csrf.as_deref()) {
+        return expired_form();
     }
     let to = form.to.as_deref().map(str::trim).filter(|t| !t.is_empty());
     let reply_to = form

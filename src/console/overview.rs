@@ -50,7 +50,7 @@ pub fn daily_chart(daily: &[(NaiveDate, i64)]) -> Markup {
                     width=(format!("{bar:.1}")) height=(format!("{:.1}", TOP + plot_h - y(*count))) {
                     title { (day) ": " (count) " messages" }
                 }
-                @if (daily.len() - 1 - i) % label_every == 0 {
+                @if (daily.len() - 1 - i).is_multiple_of(label_every) {
                     text.axis x=(format!("{:.1}", x + bar / 2.0)) y=(HEIGHT - 8.0) text-anchor="middle" {
                         (day.format("%m-%d"))
                     }

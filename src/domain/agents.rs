@@ -162,11 +162,24 @@ impl Phone {
     /// Resolves a token to its agent. The comparison is on SHA-256 digests
     /// through a unique index, so the plaintext is never compared.
     pub async fn authenticate(&self, creds: &Credentials) -> Result<Caller, PhoneError> {
+        self.verify(creds, true).await
+    }
+
+    /// [`Phone::authenticate`] without counting as the agent being seen (the
+    /// console's sign-in: a person, not the agent).
+    pub async fn authenticate_quietly(&self, creds: &Credentials) -> Result<Caller, PhoneError> {
+        self.verify(creds, false).await
+    }
+
+    async fn verify(&self, creds: &Credentials, presence: bool) -> Result<Caller, PhoneError> {
         let client_address = creds.client_address.as_str();
         self.check_address_block(client_address)?;
         let db = self.store.db().await?;
-        let holder =
-            store::agents::holder_of(&db, creds.token.as_bytes(), creds.claimed_name()).await?;
+        let holder = if presence {
+            store::agents::holder_of(&db, creds.token.as_bytes(), creds.claimed_name()).await?
+        } else {
+            store::agents::holder_quietly(&db, creds.token.as_bytes()).await?
+        };
         drop(db);
         let Some(holder) = holder else {
             self.count_auth_failure(client_address, creds.claimed.as_ref(), "unknown_token")

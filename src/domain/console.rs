@@ -182,7 +182,7 @@ impl Phone {
             claimed: Some(name),
             client_address: client_address.to_owned(),
         };
-        let caller = self.authenticate(&creds).await?;
+        let caller = self.authenticate_quietly(&creds).await?;
         let owner = SessionOwner::Agent {
             id: caller.id,
             name: caller.name.as_str().to_owned(),

@@ -153,6 +153,29 @@ pub async fn holder_of(
     }))
 }
 
+/// The registered agent holding the token digest `$1`, without a presence
+/// write: a person signing in to the console is not the agent being online.
+static HOLDER: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT id, name, project FROM agents WHERE {}",
+        caller_by_token("$1", "NULL")
+    )
+});
+
+/// [`holder_of`] without the presence write.
+pub async fn holder_quietly(
+    db: &Client,
+    token_hash: &[u8],
+) -> Result<Option<AgentRow>, StoreError> {
+    let stmt = db.prepare_cached(&HOLDER).await?;
+    let row = db.query_opt(&stmt, &[&token_hash]).await?;
+    Ok(row.map(|r| AgentRow {
+        id: r.get("id"),
+        name: r.get("name"),
+        project: r.get("project"),
+    }))
+}
+
 /// `$1` agent id, `$2` the new token digest. Primary key.
 const REPLACE_TOKEN: &str = "UPDATE agents SET token_hash = $2, updated_at = now()
      WHERE id = $1 AND unregistered_at IS NULL RETURNING name";
