@@ -756,3 +756,40 @@ async fn the_directory_finds_agents_to_write_to() {
     assert!(page.body.contains("/console/compose?to=invoice-bot"));
     app.stop().await;
 }
+
+#[tokio::test]
+async fn wrong_operator_tokens_count_against_the_same_limit() {
+    let app = spawn_app_with(&[
+        ("PHONE_CONSOLE_ADMIN_TOKEN", OPERATOR),
+        ("PHONE_AUTH_FAILURE_LIMIT", "2"),
+    ])
+    .await;
+    let mut browser = Browser::new(&app);
+    let mut form = browser.get("/console/operator").await;
+    for expected in [
+        StatusCode::UNAUTHORIZED,
+        StatusCode::UNAUTHORIZED,
+        StatusCode::TOO_MANY_REQUESTS,
+    ] {
+        let answer = browser
+            .post(
+                "/console/operator/sign-in",
+                &[
+                    ("token", "a-guess-that-is-long-enough-1234"),
+                    ("csrf", &form.field("csrf")),
+                ],
+            )
+            .await;
+        assert_eq!(answer.status, expected, "{}", answer.body);
+        form = answer;
+    }
+    // Blocked means blocked: the right token waits for the window too.
+    let answer = browser
+        .post(
+            "/console/operator/sign-in",
+            &[("token", OPERATOR), ("csrf", &form.field("csrf"))],
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::TOO_MANY_REQUESTS);
+    app.stop().await;
+}
