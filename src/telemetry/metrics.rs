@@ -249,6 +249,19 @@ pub fn route(path: &str) -> &'static str {
         "/mcp" | "/mcp/" => "/mcp",
         "/health" => "/health",
         p if p.starts_with("/.well-known/") => "/.well-known/{*rest}",
+        "/console" => "/console",
+        p if p.starts_with("/console/assets/") => "/console/assets/{file}",
+        p if p.starts_with("/console/messages/") => "/console/messages/{id}",
+        "/console/sign-in" => "/console/sign-in",
+        "/console/sign-out" => "/console/sign-out",
+        "/console/inbox" => "/console/inbox",
+        "/console/outbox" => "/console/outbox",
+        "/console/threads" => "/console/threads",
+        "/console/compose" => "/console/compose",
+        "/console/directory" => "/console/directory",
+        "/console/operator" => "/console/operator",
+        "/console/operator/sign-in" => "/console/operator/sign-in",
+        p if p.starts_with("/console/") => "/console/{unknown}",
         _ => "unmatched",
     }
 }
@@ -368,4 +381,17 @@ pub fn pool_wait(elapsed: Duration) {
         elapsed.as_secs_f64(),
         &[KeyValue::new("db.client.connection.pool.name", POOL_NAME)],
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::route;
+
+    #[test]
+    fn console_paths_have_templates_and_strangers_share_one() {
+        assert_eq!(route("/console/messages/msg_12"), "/console/messages/{id}");
+        assert_eq!(route("/console/inbox"), "/console/inbox");
+        assert_eq!(route("/console/x/../../etc"), "/console/{unknown}");
+        assert_eq!(route("/anything"), "unmatched");
+    }
 }
