@@ -793,3 +793,109 @@ async fn wrong_operator_tokens_count_against_the_same_limit() {
     assert_eq!(answer.status, StatusCode::TOO_MANY_REQUESTS);
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_long_thread_pages_on_and_every_message_opens() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let bob = register(&c, "bob", "B", "p").await;
+    let root = ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "bob", "subject": "long one", "body": "first"})),
+    )
+    .await;
+    let root_id: i64 = root["id"].as_str().unwrap()[4..].parse().unwrap();
+    app.db()
+        .await
+        .execute(
+            "INSERT INTO messages (sender_id, recipient_id, body, reply_to, thread_id)
+             SELECT b.id, a.id, 'reply ' || g, $1, $1
+             FROM agents a, agents b, generate_series(1, 107) g
+             WHERE a.name = 'alice' AND b.name = 'bob'",
+            &[&root_id],
+        )
+        .await
+        .unwrap();
+    let mut browser = Browser::signed_in(&app, &bob).await;
+    let first = browser
+        .get(&format!("/console/messages/msg_{root_id}"))
+        .await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert!(
+        first.body.contains("100 messages, oldest first"),
+        "{}",
+        first.body
+    );
+    let marker = "?cursor=";
+    let at = first.body.find(marker).expect("a link to later messages");
+    let start = first.body[..at].rfind('"').unwrap() + 1;
+    let end = at + first.body[at..].find('"').unwrap();
+    let later = first.body[start..end].replace("&amp;", "&");
+    let next = browser.get(&later).await;
+    assert_eq!(next.status, StatusCode::OK, "{later}: {}", next.body);
+    assert!(
+        next.body.contains("8 messages, oldest first"),
+        "{}",
+        next.body
+    );
+    assert!(next.body.contains("reply 107"));
+    assert!(next.body.contains("From the start of the thread"));
+    // A late message opens on a page that starts with it.
+    let late = browser
+        .get(&format!("/console/messages/msg_{}", root_id + 105))
+        .await;
+    assert_eq!(late.status, StatusCode::OK);
+    assert!(late.body.contains("reply 105") && !late.body.contains("reply 104<"));
+    // A link cannot claim a send that did not happen.
+    let fake = browser
+        .get(&format!("/console/messages/msg_{root_id}?sent=1"))
+        .await;
+    assert!(!fake.body.contains("Sent to"), "{}", fake.body);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn subjects_with_any_characters_open() {
+    let app = spawn_app_with(&[("PHONE_CONSOLE_ADMIN_TOKEN", OPERATOR)]).await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let bob = register(&c, "bob", "B", "p").await;
+    // The third byte falls inside "€": a byte slice there panicked.
+    let first = ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "bob", "subject": "ab€ invoice", "body": "x"})),
+    )
+    .await;
+    let reply = ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"reply_to": first["id"], "body": "no subject here"})),
+    )
+    .await;
+    let mut browser = Browser::signed_in(&app, &bob).await;
+    for id in [&first["id"], &reply["id"]] {
+        let page = browser
+            .get(&format!("/console/messages/{}", id.as_str().unwrap()))
+            .await;
+        assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+        assert_eq!(page.field("subject"), "Re: ab€ invoice");
+    }
+    // A failed sign-in keeps the session the browser had.
+    let form = browser.get("/console/operator").await;
+    assert_eq!(form.status, StatusCode::OK);
+    let wrong = browser
+        .post(
+            "/console/operator/sign-in",
+            &[
+                ("token", "not-the-operator-token-at-all"),
+                ("csrf", &form.field("csrf")),
+            ],
+        )
+        .await;
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(browser.get("/console/inbox").await.status, StatusCode::OK);
+    app.stop().await;
+}

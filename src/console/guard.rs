@@ -72,10 +72,13 @@ impl Rules {
         }
     }
 
-    /// A form's Origin must be this server's: loopback on any port over
-    /// http, a configured host over https, or a configured origin. Browsers
-    /// send Origin with every POST; one without is not a browser's form.
-    fn origin_allowed(&self, headers: &HeaderMap) -> Result<(), &'static str> {
+    /// A form's Origin must be this very server, as the browser reached it
+    /// (`host`: the same name and port; plain http only on loopback), or a
+    /// configured origin. Pinned to the port: on loopback, cookies are not
+    /// kept apart by port, so a page on another local port must not post
+    /// here. Browsers send Origin with every POST; one without is not a
+    /// browser's form.
+    fn origin_allowed(&self, headers: &HeaderMap, host: &Authority) -> Result<(), &'static str> {
         let raw = headers
             .get(header::ORIGIN)
             .ok_or("the form arrived without an Origin header")?
@@ -87,18 +90,16 @@ impl Rules {
         };
         let scheme = scheme.to_ascii_lowercase();
         let origin = authority(auth.as_str()).ok_or("the Origin header is malformed")?;
-        let port = origin.port.or(match scheme.as_str() {
+        let default_port = match scheme.as_str() {
             "http" => Some(80),
             "https" => Some(443),
             _ => None,
-        });
-        let loopback = scheme == "http" && LOOPBACK.iter().any(|l| *l == origin.host);
-        let own_host = scheme == "https"
-            && self
-                .allowed_hosts
-                .iter()
-                .filter_map(|a| authority(a))
-                .any(|a| a.host == origin.host && port == Some(a.port.unwrap_or(443)));
+        };
+        let port = origin.port.or(default_port);
+        let loopback = LOOPBACK.iter().any(|l| *l == origin.host);
+        let same_origin = origin.host == host.host
+            && port == host.port.or(default_port)
+            && (scheme == "https" || (scheme == "http" && loopback));
         let configured = self.allowed_origins.iter().any(|allowed| {
             let (base, any_port) = match allowed.strip_suffix(":*") {
                 Some(base) => (base, true),
@@ -115,9 +116,14 @@ impl Rules {
             };
             a_scheme.eq_ignore_ascii_case(&scheme)
                 && a_auth.host == origin.host
-                && (any_port || a_auth.port.or(port) == port)
+                && (any_port
+                    || a_auth.port.or(match a_scheme {
+                        "http" => Some(80),
+                        "https" => Some(443),
+                        _ => None,
+                    }) == port)
         });
-        if loopback || own_host || configured {
+        if same_origin || configured {
             Ok(())
         } else {
             Err("the form was sent from another site")
@@ -143,17 +149,20 @@ pub fn is_secure(headers: &HeaderMap) -> bool {
 /// Refuses a request for a host this server does not answer to, and a form
 /// from another site; adds the console's headers to every answer.
 pub async fn check(rules: std::sync::Arc<Rules>, req: Request, next: Next) -> Response {
-    if let Err(why) = rules.host(req.headers()) {
-        tracing::warn!(reason = why, "console: refused a request's Host");
-        return with_headers(super::pages::problem(
-            StatusCode::FORBIDDEN,
-            "Wrong host",
-            why,
-        ));
-    }
+    let host = match rules.host(req.headers()) {
+        Ok(host) => host,
+        Err(why) => {
+            tracing::warn!(reason = why, "console: refused a request's Host");
+            return with_headers(super::pages::problem(
+                StatusCode::FORBIDDEN,
+                "Wrong host",
+                why,
+            ));
+        }
+    };
     if req.method() != Method::GET
         && req.method() != Method::HEAD
-        && let Err(why) = rules.origin_allowed(req.headers())
+        && let Err(why) = rules.origin_allowed(req.headers(), &host)
     {
         tracing::warn!(reason = why, "console: refused a form's Origin");
         return with_headers(super::pages::problem(
@@ -291,17 +300,42 @@ mod tests {
     #[test]
     fn forms_come_from_this_server_only() {
         let r = rules();
-        let ok = |o: &str| r.origin_allowed(&headers(&[("origin", o)])).is_ok();
-        assert!(ok("http://localhost:3000"));
-        assert!(ok("http://127.0.0.1:41234"));
-        assert!(ok("https://phone.example"));
-        assert!(ok("https://phone.example:443"));
-        assert!(ok("https://ops.example"));
-        assert!(!ok("http://phone.example"), "plain http to a public host");
-        assert!(!ok("https://phone.example:8443"));
-        assert!(!ok("https://evil.example"));
-        assert!(!ok("null"));
-        assert!(r.origin_allowed(&headers(&[])).is_err());
+        let ok = |host: &str, o: &str| {
+            let h = headers(&[("host", host), ("origin", o)]);
+            r.origin_allowed(&h, &r.host(&h).unwrap()).is_ok()
+        };
+        assert!(ok("localhost:3000", "http://localhost:3000"));
+        assert!(ok("127.0.0.1:41234", "http://127.0.0.1:41234"));
+        assert!(
+            !ok("127.0.0.1:3000", "http://127.0.0.1:8081"),
+            "another local port"
+        );
+        assert!(
+            !ok("localhost:3000", "http://127.0.0.1:3000"),
+            "another name"
+        );
+        assert!(ok("phone.example", "https://phone.example"));
+        assert!(ok("phone.example", "https://phone.example:443"));
+        assert!(ok("phone.example:8443", "https://phone.example:8443"));
+        assert!(
+            !ok("phone.example", "http://phone.example"),
+            "plain http to a public host"
+        );
+        assert!(!ok("phone.example", "https://phone.example:8443"));
+        assert!(
+            !ok("phone.example", "http://localhost:3000"),
+            "loopback page, public host"
+        );
+        assert!(ok("phone.example", "https://ops.example"));
+        assert!(ok("phone.example", "https://ops.example:443"));
+        assert!(
+            !ok("phone.example", "https://ops.example:8443"),
+            "a configured origin has its default port"
+        );
+        assert!(!ok("phone.example", "https://evil.example"));
+        assert!(!ok("phone.example", "null"));
+        let h = headers(&[("host", "phone.example")]);
+        assert!(r.origin_allowed(&h, &r.host(&h).unwrap()).is_err());
     }
 
     #[test]

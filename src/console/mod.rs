@@ -18,7 +18,7 @@ use axum::{
     Form, Router,
     extract::{
         FromRequest, Path, Query, Request, State,
-        rejection::{FormRejection, QueryRejection},
+        rejection::{FormRejection, PathRejection, QueryRejection},
     },
     http::{HeaderMap, HeaderValue, StatusCode, header},
     middleware,
@@ -304,17 +304,16 @@ async fn sign_in(State(console): State<Console>, headers: HeaderMap, request: Re
             &name,
         );
     }
-    // A new session each time: a session id planted before sign-in is
-    // never promoted.
-    if let Some(old) = guard::session_cookie(&headers).and_then(SessionSecret::parse) {
-        let _ = console.phone.console_sign_out(&old).await;
-    }
     match console
         .phone
         .console_sign_in(&name, token, &address, console.settings.session_ttl)
         .await
     {
         Ok((secret, _)) => {
+            // A new session each time (a session id planted before sign-in
+            // is never promoted); the one it replaces ends, but only once
+            // the new one exists.
+            end_previous(&console, &headers).await;
             tracing::info!(agent = %name, "console: signed in");
             signed_in(&headers, &secret, &console.settings, "/console/inbox")
         }
@@ -322,6 +321,13 @@ async fn sign_in(State(console): State<Console>, headers: HeaderMap, request: Re
             let (status, text) = failure(&e);
             sign_in_again(&headers, status, &text, &name)
         }
+    }
+}
+
+/// Ends the session the browser held before a successful sign-in.
+async fn end_previous(console: &Console, headers: &HeaderMap) {
+    if let Some(old) = guard::session_cookie(headers).and_then(SessionSecret::parse) {
+        let _ = console.phone.console_sign_out(&old).await;
     }
 }
 
@@ -498,7 +504,8 @@ struct MessageQuery {
 fn reply_subject(subject: Option<&str>) -> String {
     match subject.map(str::trim).filter(|s| !s.is_empty()) {
         None => String::new(),
-        Some(s) if s.len() >= 3 && s[..3].eq_ignore_ascii_case("re:") => s.to_owned(),
+        // `get`: the third byte may fall inside a character ("ab€").
+        Some(s) if s.get(..3).is_some_and(|p| p.eq_ignore_ascii_case("re:")) => s.to_owned(),
         Some(s) => format!("Re: {s}"),
     }
 }
@@ -506,9 +513,12 @@ fn reply_subject(subject: Option<&str>) -> String {
 async fn message(
     State(console): State<Console>,
     headers: HeaderMap,
-    Path(raw_id): Path<String>,
+    raw_id: Result<Path<String>, PathRejection>,
     query: Result<Query<MessageQuery>, QueryRejection>,
 ) -> Response {
+    let Ok(Path(raw_id)) = raw_id else {
+        return bad_query();
+    };
     let me = match console.agent(&headers).await {
         Ok(me) => me,
         Err(page) => return page,
@@ -530,15 +540,25 @@ async fn message(
         Err(e) => return error_page(e),
     };
     // A long thread: start the page at the message asked for.
+    let mut from_start = after.is_none();
     if after.is_none() && !thread.messages.iter().any(|m| m.id == id.0) {
         thread = match console.phone.thread(caller, id, 100, Some(id.0 - 1)).await {
             Ok(thread) => thread,
             Err(e) => return error_page(e),
         };
+        from_start = false;
     }
-    let Some(focus) = thread.messages.iter().find(|m| m.id == id.0) else {
+    // The message asked for, or on a later page of its thread the last one
+    // shown: what the reply answers and the pager continues from.
+    let Some(focus) = thread
+        .messages
+        .iter()
+        .find(|m| m.id == id.0)
+        .or(thread.messages.last())
+    else {
         return error_page(PhoneError::UnknownMessage(id));
     };
+    let id = MessageId(focus.id);
     let me_name = caller.name.as_str();
     let other = if focus.sender == me_name {
         focus.recipient.clone()
@@ -564,9 +584,8 @@ async fn message(
         idempotency_key: &key,
     };
     let sent_note = format!("Sent to {other}.");
-    let notice = query
-        .sent
-        .is_some()
+    // Only for a message this agent sent: a link cannot make it up.
+    let notice = (query.sent.is_some() && focus.sender == me_name)
         .then_some(Notice::Done(sent_note.as_str()));
     respond(
         StatusCode::OK,
@@ -575,6 +594,7 @@ async fn message(
             notice,
             &thread,
             id.0,
+            from_start,
             me_name,
             &draft,
             &me.csrf,
@@ -774,7 +794,10 @@ async fn operator(
     else {
         return operator_form(&headers, StatusCode::OK, None);
     };
-    let days = match query.ok().and_then(|q| q.0.days) {
+    let Ok(Query(query)) = query else {
+        return bad_query();
+    };
+    let days = match query.days {
         None => 14,
         Some(raw) => match raw.trim().parse::<u32>() {
             Ok(d) if (1..=90).contains(&d) => d,
@@ -838,9 +861,6 @@ async fn operator_sign_in(
             ),
         );
     }
-    if let Some(old) = guard::session_cookie(&headers).and_then(SessionSecret::parse) {
-        let _ = console.phone.console_sign_out(&old).await;
-    }
     let token = form.token.unwrap_or_default();
     match console
         .phone
@@ -848,6 +868,7 @@ async fn operator_sign_in(
         .await
     {
         Ok((secret, _)) => {
+            end_previous(&console, &headers).await;
             tracing::info!("console: operator signed in");
             signed_in(&headers, &secret, &console.settings, "/console/operator")
         }

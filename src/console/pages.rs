@@ -131,6 +131,15 @@ pub fn problem(status: StatusCode, title: &str, message: &str) -> Response {
     )
 }
 
+/// "1 message", "3 messages".
+fn count(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
 fn when(t: DateTime<Utc>) -> Markup {
     html! { time datetime=(t.to_rfc3339()) { (t.format("%Y-%m-%d %H:%M UTC")) } }
 }
@@ -301,7 +310,7 @@ pub fn threads(chrome: &Chrome<'_>, data: &ThreadsPage) -> Markup {
                                 span.from { "with " bdi { (t.with) } }
                                 span.subject { bdi { (t.subject.as_deref().filter(|s| !s.is_empty()).unwrap_or("(no subject)")) } }
                                 span.meta {
-                                    (t.messages) " messages"
+                                    (count(t.messages as usize, "message"))
                                     @if t.unread > 0 { ", " strong { (t.unread) " unread" } }
                                     " · " (when(t.last_at))
                                 }
@@ -388,6 +397,7 @@ pub fn thread(
     notice: Option<Notice<'_>>,
     thread: &Thread,
     focus: i64,
+    from_start: bool,
     me: &str,
     reply: &Draft<'_>,
     csrf: &str,
@@ -410,7 +420,10 @@ pub fn thread(
         html! {
             div.heading {
                 h1 { "Thread " (thread.thread_id) }
-                p.muted { (thread.messages.len()) " messages, oldest first" }
+                p.muted { (count(thread.messages.len(), "message")) ", oldest first" }
+            }
+            @if !from_start {
+                p.pager { a href=(message_link(thread.thread_id.0)) { "← From the start of the thread" } }
             }
             div.thread {
                 @for m in &thread.messages { (message_card(m, me, m.id == focus)) }

@@ -117,7 +117,7 @@ static INBOX: LazyLock<String> = LazyLock::new(|| {
     format!(
         "SELECT {}, {STATE}
          FROM (SELECT * FROM messages m
-               WHERE {} AND (NOT $4 OR m.read_at IS NULL)
+               WHERE {} AND (NOT $4 OR (m.read_at IS NULL AND m.dead_at IS NULL))
                ORDER BY m.recipient_id DESC, m.id DESC
                LIMIT $3) m
          {SENDER_LOOKUP}
