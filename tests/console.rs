@@ -595,6 +595,11 @@ async fn bad_input_gets_a_clear_page_never_a_500() {
         ),
         ("/console/nowhere", StatusCode::NOT_FOUND, "no such page"),
         (
+            "/console/messages/%FF",
+            StatusCode::BAD_REQUEST,
+            "could not be read",
+        ),
+        (
             "/console/operator",
             StatusCode::NOT_FOUND,
             "PHONE_CONSOLE_ADMIN_TOKEN",
@@ -610,6 +615,9 @@ async fn bad_input_gets_a_clear_page_never_a_500() {
     let page = browser.get(&format!("/console/messages/{id}")).await;
     assert_eq!(page.status, StatusCode::NOT_FOUND);
     assert!(!page.body.contains("private"));
+    let slash = browser.get("/console/").await;
+    assert_eq!(slash.status, StatusCode::PERMANENT_REDIRECT);
+    assert_eq!(slash.location(), "/console");
     let wrong_method = browser.post("/console/inbox", &[]).await;
     assert_eq!(wrong_method.status, StatusCode::METHOD_NOT_ALLOWED);
     assert!(

@@ -103,6 +103,16 @@ pub fn router(settings: &Settings, phone: Phone) -> Router {
     Router::new()
         .merge(mcp)
         .nest("/console", console)
+        // The nested router answers `/console`, not `/console/`.
+        .route(
+            "/console/",
+            get(|| async {
+                (
+                    StatusCode::PERMANENT_REDIRECT,
+                    [(header::LOCATION, "/console")],
+                )
+            }),
+        )
         .layer(middleware::from_fn(move |req, next| {
             client_address::attach(address_from.clone(), req, next)
         }))
