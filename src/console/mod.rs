@@ -283,10 +283,7 @@ async fn sign_in(State(console): State<Console>, headers: HeaderMap, request: Re
         Err(rejection) => return bad_form(rejection),
     };
     let name = form.name.as_deref().unwrap_or_default().trim().to_owned();
-    let csrf_ok = match (guard::sign_in_cookie(&headers), form.csrf.as_deref()) {
-        (Some(cookie), Some(presented)) => same_secret(cookie, presented),
-        _ => false,
-    };
+    let csrf_ok = sign_in_csrf_holds(&headers, form.csrf.as_deref());
     if !csrf_ok {
         return sign_in_again(
             &headers,
@@ -321,6 +318,15 @@ async fn sign_in(State(console): State<Console>, headers: HeaderMap, request: Re
             let (status, text) = failure(&e);
             sign_in_again(&headers, status, &text, &name)
         }
+    }
+}
+
+/// A sign-in form's token must be the one its cookie carries (double
+/// submit: there is no session yet to bind it to).
+fn sign_in_csrf_holds(headers: &HeaderMap, presented: Option<&str>) -> bool {
+    match (guard::sign_in_cookie(headers), presented) {
+        (Some(cookie), Some(presented)) => same_secret(cookie, presented),
+        _ => false,
     }
 }
 
@@ -848,10 +854,7 @@ async fn operator_sign_in(
         Ok(form) => form,
         Err(rejection) => return bad_form(rejection),
     };
-    let csrf_ok = match (guard::sign_in_cookie(&headers), form.csrf.as_deref()) {
-        (Some(cookie), Some(presented)) => same_secret(cookie, presented),
-        _ => false,
-    };
+    let csrf_ok = sign_in_csrf_holds(&headers, form.csrf.as_deref());
     if !csrf_ok {
         return operator_form(
             &headers,
