@@ -225,9 +225,10 @@ impl Config {
                 webhooks_allow_private: parse(&get, "PHONE_WEBHOOK_ALLOW_PRIVATE", false)?,
             },
             quotas: store::Quotas {
-                sends_per_hour: quota(&get, "PHONE_SEND_QUOTA_PER_HOUR", 0)?,
-                new_recipients_per_day: quota(&get, "PHONE_NEW_RECIPIENT_QUOTA_PER_DAY", 0)?,
+                sends_per_hour: quota(&get, "PHONE_SEND_QUOTA_PER_HOUR", 1_000)?,
+                new_recipients_per_day: quota(&get, "PHONE_NEW_RECIPIENT_QUOTA_PER_DAY", 100)?,
                 unread_max: quota(&get, "PHONE_INBOX_UNREAD_MAX", 10_000)?,
+                unread_per_sender: quota(&get, "PHONE_INBOX_UNREAD_PER_SENDER", 500)?,
             },
             webhooks: webhooks::Settings {
                 timeout: Duration::from_secs(bounded(

@@ -28,13 +28,7 @@ async fn failed_authentication_is_limited_per_address_across_replicas() {
         err.starts_with("too many failed authentication attempts from here; retry after"),
         "{err}"
     );
-    // That replica now refuses this address without asking the database,
-    // even with a valid token, until the window ends.
-    let err = tool_err(&c2, "phone_inbox", alice.with(json!({}))).await;
-    assert!(
-        err.starts_with("too many failed authentication attempts"),
-        "{err}"
-    );
+    // Further failures from this address are refused without counting...
     let err = tool_err(
         &c1,
         "phone_send",
@@ -45,6 +39,11 @@ async fn failed_authentication_is_limited_per_address_across_replicas() {
         err.starts_with("too many failed authentication attempts"),
         "{err}"
     );
+    // ...but the token decides first: alice's own token still works from
+    // the same address, on both replicas.
+    for client in [&c1, &c2] {
+        ok(client, "phone_inbox", alice.with(json!({}))).await;
+    }
 
     // Searching needs no authentication and is unaffected.
     ok(&c1, "phone_search", json!({})).await;

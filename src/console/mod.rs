@@ -125,7 +125,8 @@ fn failure(err: &PhoneError) -> (StatusCode, String) {
         PhoneError::NameTaken(_)
         | PhoneError::NameReserved(..)
         | PhoneError::IdempotencyConflict(_)
-        | PhoneError::InboxFull(_) => StatusCode::CONFLICT,
+        | PhoneError::InboxFull(_)
+        | PhoneError::InboxShare(_) => StatusCode::CONFLICT,
         PhoneError::RateLimited { .. } | PhoneError::Quota { .. } => StatusCode::TOO_MANY_REQUESTS,
         PhoneError::Unavailable(_) | PhoneError::CallerGone => StatusCode::SERVICE_UNAVAILABLE,
         PhoneError::StaleReceipts { .. } => StatusCode::CONFLICT,

@@ -125,7 +125,8 @@ impl Phone {
         token: &Token,
         client_address: &str,
     ) -> Result<Registration, PhoneError> {
-        self.check_address_block(client_address)?;
+        // The token decides first: a right token is never refused because
+        // others at the same address failed (see `limits`).
         let db = self.store.db().await?;
         let updated = store::agents::update_entry(
             &db,
@@ -146,7 +147,7 @@ impl Phone {
         }
         let exists = store::agents::is_registered(&db, req.name.as_str()).await?;
         drop(db);
-        self.count_auth_failure(client_address, Some(&req.name), "wrong_token_for_name")
+        self.auth_failed(client_address, Some(&req.name), "wrong_token_for_name")
             .await?;
         if exists {
             Err(PhoneError::Unauthenticated(
@@ -171,9 +172,12 @@ impl Phone {
         self.verify(creds, false).await
     }
 
+    /// The token decides before the address's counter: a right token is
+    /// served whatever others at its address tried; only failures count,
+    /// and once an address is over its limit its failures are refused
+    /// (and slowed) without counting further.
     async fn verify(&self, creds: &Credentials, presence: bool) -> Result<Caller, PhoneError> {
         let client_address = creds.client_address.as_str();
-        self.check_address_block(client_address)?;
         let db = self.store.db().await?;
         let holder = if presence {
             store::agents::holder_of(&db, creds.token.as_bytes(), creds.claimed_name()).await?
@@ -182,7 +186,7 @@ impl Phone {
         };
         drop(db);
         let Some(holder) = holder else {
-            self.count_auth_failure(client_address, creds.claimed.as_ref(), "unknown_token")
+            self.auth_failed(client_address, creds.claimed.as_ref(), "unknown_token")
                 .await?;
             return Err(PhoneError::Unauthenticated(
                 "invalid token: no agent holds it. Use the token phone_register gave you (saved in your notes)",
@@ -192,7 +196,7 @@ impl Phone {
         if let Some(claimed) = &creds.claimed
             && claimed != &name
         {
-            self.count_auth_failure(client_address, Some(claimed), "name_mismatch")
+            self.auth_failed(client_address, Some(claimed), "name_mismatch")
                 .await?;
             return Err(PhoneError::Unauthenticated(
                 "this token belongs to a different agent than `name`. Use each agent's own name and token together",

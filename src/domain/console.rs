@@ -166,13 +166,12 @@ impl Phone {
         client_address: &str,
         ttl: Duration,
     ) -> Result<(SessionSecret, ConsoleSession), PhoneError> {
-        self.check_address_block(client_address)?;
         let name = AgentName::parse("name", name)?;
         let token = match Token::parse(token) {
             Ok(token) => token,
             Err(e) => {
                 // A malformed token is a failed sign-in too.
-                self.count_auth_failure(client_address, Some(&name), "malformed_token")
+                self.auth_failed(client_address, Some(&name), "malformed_token")
                     .await?;
                 return Err(e.into());
             }
@@ -211,9 +210,15 @@ impl Phone {
         client_address: &str,
         ttl: Duration,
     ) -> Result<(SessionSecret, ConsoleSession), PhoneError> {
-        self.check_address_block(client_address)?;
+        // Unlike an agent's token (256 random bits), the operator's is a
+        // secret a person chose: once an address is over its limit, even a
+        // right guess waits for the window to end.
+        self.check_block(
+            &super::limits::auth_bucket_for_address(client_address),
+            super::limits::AUTH_FAILURES,
+        )?;
         if !key.matches(presented) {
-            self.count_auth_failure(client_address, None, "operator_token")
+            self.auth_failed(client_address, None, "operator_token")
                 .await?;
             return Err(PhoneError::Unauthenticated(
                 "wrong operator token: use the value of PHONE_CONSOLE_ADMIN_TOKEN",

@@ -2,7 +2,8 @@
 //! registration (per client address).
 //!
 //! Counters live in PostgreSQL (`rate_limits`), so every replica counts
-//! against the same limit. Once a counter is over its limit, the replica
+//! against the same limit. Only failures count, and only after the token
+//! was looked at: a right token is never refused. Once a counter is over its limit, the replica
 //! that saw it remembers the block until the window ends, so a blocked
 //! client costs no further queries there; other replicas learn it at their
 //! next counted event, so the overshoot is at most one attempt per replica.
@@ -29,7 +30,15 @@ pub struct Limits {
     pub auth_failures: u32,
     pub registrations: u32,
     blocked: Mutex<HashMap<String, (Instant, String)>>,
+    /// Failures over the limit answered late, at most this many at once
+    /// (beyond, at once): a slowed guesser must not hold the replica's
+    /// connections.
+    tarpit: tokio::sync::Semaphore,
 }
+
+/// How late a failure over the limit is answered.
+pub const OVER_LIMIT_DELAY: Duration = Duration::from_secs(1);
+const TARPIT_SLOTS: usize = 64;
 
 impl Limits {
     pub fn new(auth_failures: u32, registrations: u32) -> Self {
@@ -37,6 +46,14 @@ impl Limits {
             auth_failures,
             registrations,
             blocked: Mutex::default(),
+            tarpit: tokio::sync::Semaphore::new(TARPIT_SLOTS),
+        }
+    }
+
+    /// Waits [`OVER_LIMIT_DELAY`] when a slot is free.
+    async fn slow_down(&self) {
+        if let Ok(_slot) = self.tarpit.try_acquire() {
+            tokio::time::sleep(OVER_LIMIT_DELAY).await;
         }
     }
 
@@ -85,12 +102,6 @@ impl Phone {
         }
     }
 
-    /// Refuses at once when this replica knows the caller's address is
-    /// blocked for failed authentication.
-    pub(crate) fn check_address_block(&self, client_address: &str) -> Result<(), PhoneError> {
-        self.check_block(&auth_bucket_for_address(client_address), AUTH_FAILURES)
-    }
-
     /// Counts one event in `bucket`; over `limit` in the window, blocks it.
     pub(crate) async fn count(
         &self,
@@ -114,27 +125,41 @@ impl Phone {
         Ok(())
     }
 
-    /// Counts a failed authentication against the client's address;
-    /// returns the rate-limit error once it is over the limit.
+    /// A failed authentication from `client_address`. Called only after the
+    /// token was looked at and did not match: the token decides first, so
+    /// a right token is served whatever others at its address tried (an
+    /// office NAT, a cloud /64, an edge without the client's header). Under
+    /// the limit the failure is counted (shared by every replica); over it,
+    /// the failure is refused with the time the window ends, not counted
+    /// again, and answered late (a guesser is slowed, nobody else is).
     ///
     /// Not per name: tokens carry 256 random bits, so guessing one is
     /// hopeless, and a per-name lock-out would only hand strangers a way to
-    /// lock a named agent out (the owner's correct token always works). A
-    /// name that draws failures shows in the `phone.auth.failures` metric and,
-    /// per address, in the rate-limit log line.
-    pub(crate) async fn count_auth_failure(
+    /// lock a named agent out. A name that draws failures shows in the
+    /// `phone.auth.failures` metric and, per address, in the rate-limit log line.
+    pub(crate) async fn auth_failed(
         &self,
         client_address: &str,
         claimed: Option<&AgentName>,
         reason: &'static str,
     ) -> Result<(), PhoneError> {
         metrics::auth_failure(reason, claimed.is_some());
-        self.count(
-            auth_bucket_for_address(client_address),
-            AUTH_WINDOW,
-            self.limits().auth_failures,
-            AUTH_FAILURES,
-        )
-        .await
+        let bucket = auth_bucket_for_address(client_address);
+        let outcome = match self.check_block(&bucket, AUTH_FAILURES) {
+            Err(blocked) => Err(blocked),
+            Ok(()) => {
+                self.count(
+                    bucket,
+                    AUTH_WINDOW,
+                    self.limits().auth_failures,
+                    AUTH_FAILURES,
+                )
+                .await
+            }
+        };
+        if outcome.is_err() {
+            self.limits().slow_down().await;
+        }
+        outcome
     }
 }

@@ -281,7 +281,6 @@ impl Phone {
         req: SendRequest,
         call: &Call,
     ) -> Result<Sent, PhoneError> {
-        self.check_address_block(&creds.client_address)?;
         let claimed = creds.claimed_name();
 
         // A reply goes to the other party of the original (by id, so a name
@@ -387,6 +386,7 @@ impl Phone {
                 what: "first messages to new recipients today",
             },
             Some("inbox_full") => PhoneError::InboxFull(to),
+            Some("inbox_share") => PhoneError::InboxShare(to),
             // The same words for a block and for every policy, so that a
             // block is not revealed.
             Some(_) => PhoneError::Refused(to),
@@ -408,7 +408,6 @@ impl Phone {
         if let Some(request_deadline) = call.deadline {
             deadline = deadline.min(request_deadline);
         }
-        self.check_address_block(&creds.client_address)?;
         let (me_id, first) = match self.poll(creds, req, call).await? {
             Some(polled) => polled,
             None => return Err(self.authentication_error(creds).await),

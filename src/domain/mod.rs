@@ -58,8 +58,14 @@ pub enum PhoneError {
         "'{0}' does not accept new conversations from you (its contact policy); ask its operator to add you as a contact, or reply to a message it sent you"
     )]
     Refused(AgentName),
-    #[error("'{0}''s inbox is full (too much unread mail); nothing was sent, try later")]
+    #[error(
+        "'{0}''s inbox is full (too much unread mail from agents it does not know); nothing was sent. Try later, or ask it to add you as a contact"
+    )]
     InboxFull(AgentName),
+    #[error(
+        "'{0}' has not read the messages you already sent it: your share of its inbox is full, and nothing was sent. Wait until it reads some (phone_outbox shows their state)"
+    )]
+    InboxShare(AgentName),
     #[error("you reached your quota of {what}; nothing was sent, try later")]
     Quota { what: &'static str },
     #[error("the mailbox is temporarily unavailable ({0}); retry in a few seconds")]
@@ -138,6 +144,7 @@ impl PhoneError {
             Self::Unavailable(_) => "unavailable",
             Self::Refused(_) => "refused",
             Self::InboxFull(_) => "inbox_full",
+            Self::InboxShare(_) => "inbox_share",
             Self::Quota { .. } => "quota",
             Self::CallerGone => "caller_gone",
             Self::StaleReceipts { .. } => "stale_receipt",

@@ -66,16 +66,16 @@ pub async fn top_senders(
         .collect())
 }
 
-/// Refused sends of the last `$1` hours by sender, recipient and reason;
-/// `$2` rows. `refused_sends_at_idx`.
+/// Refused sends of the last `$1` hours by sender, recipient and reason
+/// (each row counts its `hits`); `$2` rows. `refused_sends_at_idx`.
 const REFUSED: &str = "SELECT s.name AS sender, coalesce(r.name, '') AS recipient, x.reason,
-            count(*) AS n, max(x.at) AS last
+            sum(x.hits)::bigint AS n, max(x.at) AS last
      FROM refused_sends x
      JOIN agents s ON s.id = x.sender_id
      LEFT JOIN agents r ON r.id = x.recipient_id
      WHERE x.at > now() - make_interval(hours => $1)
      GROUP BY s.name, r.name, x.reason
-     ORDER BY count(*) DESC, s.name LIMIT $2";
+     ORDER BY sum(x.hits) DESC, s.name LIMIT $2";
 
 pub struct RefusedLine {
     pub sender: String,

@@ -88,10 +88,27 @@ pub const POLLED_FIELDS: &str = "m.id, m.sender_id, m.subject, m.body, m.reply_t
 /// (name, project) and the recipient's name as `recipient_name` (an SQL
 /// expression).
 pub fn message_columns(recipient_name: &str) -> String {
+    columns(recipient_name, "m.dead_at")
+}
+
+/// [`message_columns`] as the agent whose id `viewer` (an SQL expression)
+/// gives sees them: mail its recipient's block withdrew does not show as
+/// dead to its sender (a block is not revealed).
+pub fn message_columns_seen_by(recipient_name: &str, viewer: &str) -> String {
+    columns(
+        recipient_name,
+        &format!(
+            "CASE WHEN m.dead_reason = 'blocked' AND m.sender_id = {viewer} THEN NULL
+                  ELSE m.dead_at END AS dead_at"
+        ),
+    )
+}
+
+fn columns(recipient_name: &str, dead_at: &str) -> String {
     format!(
         "m.id, s.name AS sender, s.project AS sender_project, {recipient_name} AS recipient,
      m.subject, m.body, m.reply_to, m.thread_id, m.sent_at, m.read_at, m.delivery_count,
-     m.leased_until, m.dead_at"
+     m.leased_until, {dead_at}"
     )
 }
 

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 
 use super::fragments::{
     INBOX_ORDER, POLLED_FIELDS, SENDER_LOOKUP, available_to, caller_by_token, key_range,
-    message_columns, presence_write,
+    message_columns, message_columns_seen_by, presence_write,
 };
 use super::rows::{Message, Sent};
 use super::{Client, StoreError};
@@ -376,7 +376,9 @@ static OUTBOX: LazyLock<String> = LazyLock::new(|| {
                 m.sent_at, m.read_at, m.acked_at, m.delivery_count,
                 CASE WHEN m.acked_at IS NOT NULL THEN 'acknowledged'
                      WHEN m.read_at IS NOT NULL THEN 'read'
-                     WHEN m.dead_at IS NOT NULL THEN 'dead'
+                     -- Mail a block withdrew looks waiting to its sender,
+                     -- as a refusal reads like a policy's: a block is not revealed.
+                     WHEN m.dead_at IS NOT NULL AND m.dead_reason IS DISTINCT FROM 'blocked' THEN 'dead'
                      WHEN m.leased_until > now() THEN 'leased'
                      ELSE 'waiting' END AS state
          FROM (SELECT * FROM messages m
@@ -430,7 +432,7 @@ static THREAD: LazyLock<String> = LazyLock::new(|| {
          JOIN agents s ON s.id = m.sender_id
          JOIN agents r ON r.id = m.recipient_id
          ORDER BY m.id",
-        message_columns("r.name"),
+        message_columns_seen_by("r.name", "$2"),
         key_range("thread_id", "$1::bigint", "$3::bigint", "NULL::bigint")
     )
 });

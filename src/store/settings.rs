@@ -60,8 +60,11 @@ pub enum Mark {
 /// Applies marks for `$1` (agent) to the registered agents named `$2`
 /// (marks `$3`: allow, disallow, block, unblock; for a name given twice the
 /// later mark wins); returns the names that matched a registered agent other
-/// than `$1`. A mark that removes (disallow, unblock) creates no row. Names:
-/// `agents_active_name_idx`; `contacts`' primary key.
+/// than `$1`. A mark that removes (disallow, unblock) creates no row. A
+/// block withdraws the blocked agent's unread mail from `$1`'s inbox (dead,
+/// reason `blocked`: out of the inbox and its caps, kept for analytics); an
+/// unblock brings back what is still unread. Names: `agents_active_name_idx`;
+/// `contacts`' primary key; `messages_unread_sender_idx`, `messages_withdrawn_idx`.
 const MARK: &str = "WITH req AS (
          SELECT * FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS r(name, mark, ord)),
      target AS (
@@ -82,7 +85,15 @@ const MARK: &str = "WITH req AS (
                               WHEN 'block' THEN true WHEN 'unblock' THEN false
                               ELSE c.is_blocked END,
              updated_at = now()
-         RETURNING 1)
+         RETURNING 1),
+     withdrawn AS (
+         UPDATE messages m SET dead_at = now(), dead_reason = 'blocked'
+         WHERE m.recipient_id = $1 AND m.read_at IS NULL AND m.dead_at IS NULL
+           AND m.sender_id = ANY (ARRAY(SELECT id FROM target WHERE mark = 'block'))),
+     restored AS (
+         UPDATE messages m SET dead_at = NULL, dead_reason = NULL
+         WHERE m.recipient_id = $1 AND m.dead_reason = 'blocked' AND m.read_at IS NULL
+           AND m.sender_id = ANY (ARRAY(SELECT id FROM target WHERE mark = 'unblock')))
      SELECT t.name, (SELECT count(*) FROM changed) AS changed FROM target t";
 
 /// Rows of `$1` that say nothing any more (after a disallow or unblock).

@@ -3,6 +3,8 @@
 //! through rmcp's real MCP client over HTTP.
 #![allow(dead_code)]
 
+pub mod browser;
+
 use std::net::SocketAddr;
 
 use phone::{Application, Config};

@@ -53,8 +53,12 @@ pub struct Quotas {
     pub sends_per_hour: i32,
     /// First messages to recipients a sender never wrote to before, per day.
     pub new_recipients_per_day: i32,
-    /// Unread messages a recipient may hold; a send beyond waits its turn.
+    /// Unread messages a recipient may hold from agents it does not know
+    /// (twice that from those it does); a send beyond waits its turn.
     pub unread_max: i32,
+    /// Unread messages one sender may hold in one inbox: no single sender
+    /// can fill an inbox for everyone else.
+    pub unread_per_sender: i32,
 }
 
 impl Write for MailWrite {
@@ -132,6 +136,7 @@ impl Write for MailWrite {
                     &q.sends_per_hour,
                     &q.new_recipients_per_day,
                     &q.unread_max,
+                    &q.unread_per_sender,
                 ],
             )
             .await

@@ -86,7 +86,7 @@ pub(super) fn polls() -> String {
                AND EXISTS (SELECT FROM picked WHERE lease_secs IS NOT NULL)
              RETURNING {POLLED_FIELDS}),
          buried AS (
-             UPDATE messages m SET dead_at = now(), leased_until = NULL
+             UPDATE messages m SET dead_at = now(), dead_reason = 'deliveries', leased_until = NULL
              WHERE m.id = ANY (ARRAY(SELECT id FROM picked
                                      WHERE lease_secs IS NOT NULL AND delivery_count >= max_deliveries))
                AND EXISTS (SELECT FROM picked WHERE lease_secs IS NOT NULL)

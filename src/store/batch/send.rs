@@ -110,8 +110,10 @@ pub(super) static NOTIFY_SQL: std::sync::LazyLock<String> = std::sync::LazyLock:
 /// subjects, `$5` bodies, `$6` reply_to, `$7` threads, `$8` idempotency
 /// keys, `$9` recipient ids (replies), `$17` whether the send answers a
 /// message the recipient sent the caller; and the quotas (0: off): `$18`
-/// sends per sender per hour, `$19` first messages to new recipients per
-/// sender per day, `$20` unread messages a recipient may hold.
+/// sends per sender per hour (refused sends count too), `$19` first
+/// messages to new recipients per sender per day, `$20` unread messages a
+/// recipient may hold from agents it does not know (twice that from those
+/// it does), `$21` unread messages one sender may hold in one inbox.
 ///
 /// `resolved` has the sender and recipient of each; `judged` what the
 /// recipient's contact policy says (a block wins over everything; an answer
@@ -158,6 +160,7 @@ pub(super) fn sends() -> String {
         ) recipient ON me.id IS NOT NULL),
     judged AS (
         SELECT rs.ord, rs.sender_id, rs.recipient_id,
+               rs.answers_recipient OR coalesce(c.is_contact, false) AS known,
                CASE WHEN rs.recipient_id IS NULL THEN NULL
                     WHEN rs.suspended OR coalesce(c.is_blocked, false) THEN 'refused'
                     WHEN rs.contact_policy = 'open' OR rs.answers_recipient THEN NULL
@@ -172,8 +175,9 @@ pub(super) fn sends() -> String {
             WHERE agent_id = rs.recipient_id AND other_id = rs.sender_id
             OFFSET 0) c ON rs.recipient_id IS NOT NULL),
     counted AS MATERIALIZED (
-        SELECT j.ord, j.sender_id, j.recipient_id,
+        SELECT j.ord, j.sender_id, j.recipient_id, j.known,
                row_number() OVER (PARTITION BY j.sender_id ORDER BY j.ord) AS nth,
+               row_number() OVER (PARTITION BY j.sender_id, j.recipient_id ORDER BY j.ord) AS nth_pair,
                j.first_contact,
                sum(j.first_contact::int) OVER (PARTITION BY j.sender_id ORDER BY j.ord) AS nth_new
         FROM (SELECT j.*,
@@ -182,7 +186,7 @@ pub(super) fn sends() -> String {
                          WHERE x.sender_id = j.sender_id AND x.recipient_id = j.recipient_id)) AS first_contact
               FROM judged j
               WHERE j.recipient_id IS NOT NULL AND j.refusal IS NULL
-                AND ($18 > 0 OR $19 > 0 OR $20 > 0)) j),
+                AND ($18 > 0 OR $19 > 0 OR $20 > 0 OR $21 > 0)) j),
     base AS MATERIALIZED (
         SELECT s.sender_id,
                CASE WHEN $18 > 0 THEN coalesce((
@@ -200,22 +204,45 @@ pub(super) fn sends() -> String {
         SELECT c.ord,
                CASE WHEN $18 > 0 AND b.sent_this_hour + c.nth > $18 THEN 'send_quota'
                     WHEN c.first_contact AND b.new_today + c.nth_new > $19 THEN 'new_recipient_quota'
-                    WHEN $20 > 0 AND CASE
-                        -- The backlog is counted only when it could be
-                        -- full: it holds at most as many messages as there
-                        -- are ids from its oldest to the newest issued. A
-                        -- young backlog (pollers keeping up) costs one
-                        -- index probe, not a walk of its rows per send.
-                        WHEN (SELECT last_value FROM messages_id_seq) + 1 - coalesce((
-                                 SELECT m.id FROM messages m WHERE {backlog}
-                                 ORDER BY {INBOX_ORDER} LIMIT 1), 9223372036854775807) < $20
-                        THEN false
-                        ELSE (SELECT count(*) FROM (
-                                  SELECT 1 FROM messages m WHERE {backlog}
-                                  ORDER BY {INBOX_ORDER} LIMIT $20) u) >= $20
-                    END THEN 'inbox_full'
+                    -- The backlog is counted only when it could be that
+                    -- large: it holds at most as many messages as there
+                    -- are ids from its oldest to the newest issued. A young
+                    -- backlog (pollers keeping up) costs one index probe,
+                    -- not a walk of its rows per send.
+                    WHEN span.most < least(nullif($20, 0), nullif($21, 0)) THEN NULL
+                    -- One sender's share: its unread mail in this inbox,
+                    -- its earlier sends of this batch included.
+                    WHEN $21 > 0 AND span.most >= $21 AND (
+                        SELECT count(*) FROM (
+                            SELECT 1 FROM messages m
+                            WHERE {backlog} AND m.sender_id = c.sender_id
+                            ORDER BY m.recipient_id, m.sender_id, m.id LIMIT $21) u) + c.nth_pair > $21
+                    THEN 'inbox_share'
+                    -- A full inbox takes no more mail from agents its owner
+                    -- does not know; its contacts, agents it wrote to and
+                    -- answers to its own mail still pass, up to twice the cap.
+                    WHEN $20 > 0 AND span.most >= $20 AND (
+                        SELECT count(*) FROM (
+                            SELECT 1 FROM messages m WHERE {backlog}
+                            ORDER BY {INBOX_ORDER} LIMIT $20) u) >= $20
+                         AND (NOT (c.known OR EXISTS (
+                                  SELECT 1 FROM correspondents x
+                                  WHERE x.sender_id = c.recipient_id AND x.recipient_id = c.sender_id))
+                              OR (span.most >= 2 * $20 AND (
+                                  SELECT count(*) FROM (
+                                      SELECT 1 FROM messages m WHERE {backlog}
+                                      ORDER BY {INBOX_ORDER} LIMIT 2 * $20) u) >= 2 * $20))
+                    THEN 'inbox_full'
                END AS refusal
-        FROM counted c JOIN base b ON b.sender_id = c.sender_id),
+        FROM counted c
+        JOIN base b ON b.sender_id = c.sender_id
+        CROSS JOIN LATERAL (
+            SELECT CASE WHEN $20 > 0 OR $21 > 0 THEN
+                       (SELECT last_value FROM messages_id_seq) + 1 - coalesce((
+                           SELECT m.id FROM messages m WHERE {backlog}
+                           ORDER BY {INBOX_ORDER} LIMIT 1), 9223372036854775807)
+                   ELSE 0 END AS most
+            OFFSET 0) span),
     decided AS (
         SELECT j.ord, j.sender_id, j.recipient_id, coalesce(j.refusal, v.refusal) AS refusal
         FROM judged j LEFT JOIN verdict v ON v.ord = j.ord),
@@ -232,7 +259,10 @@ pub(super) fn sends() -> String {
         RETURNING id, thread_id, sent_at, sender_id, recipient_id),
     hour_counted AS (
         INSERT INTO send_counts AS sc (sender_id, hour_start, sends)
-        SELECT sender_id, now(), count(*) FROM inserted WHERE $18 > 0 GROUP BY sender_id
+        SELECT sender_id, now(), count(*)
+        FROM (SELECT sender_id FROM inserted
+              UNION ALL SELECT sender_id FROM decided WHERE refusal IS NOT NULL) x
+        WHERE $18 > 0 GROUP BY sender_id
         ON CONFLICT (sender_id) DO UPDATE SET
             sends = CASE WHEN sc.hour_start <= now() - interval '1 hour' THEN excluded.sends
                          ELSE sc.sends + excluded.sends END,
@@ -240,11 +270,16 @@ pub(super) fn sends() -> String {
                               ELSE sc.hour_start END),
     met AS (
         INSERT INTO correspondents (sender_id, recipient_id)
-        SELECT DISTINCT sender_id, recipient_id FROM inserted WHERE $19 > 0
+        SELECT DISTINCT sender_id, recipient_id FROM inserted WHERE $19 > 0 OR $20 > 0
         ON CONFLICT DO NOTHING),
     refusals AS (
-        INSERT INTO refused_sends (sender_id, recipient_id, reason)
-        SELECT sender_id, recipient_id, refusal FROM decided WHERE refusal IS NOT NULL),
+        INSERT INTO refused_sends AS x (sender_id, recipient_id, reason, hits, hour)
+        SELECT sender_id, recipient_id, refusal, count(*),
+               floor(extract(epoch FROM now()) / 3600)::bigint
+        FROM decided WHERE refusal IS NOT NULL
+        GROUP BY sender_id, recipient_id, refusal
+        ON CONFLICT (sender_id, recipient_id, reason, hour) WHERE hour IS NOT NULL
+        DO UPDATE SET hits = x.hits + excluded.hits, at = now()),
     hooked AS (
         INSERT INTO webhook_deliveries (agent_id, message_id)
         SELECT i.recipient_id, i.id FROM inserted i

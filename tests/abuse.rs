@@ -1,0 +1,240 @@
+//! One stranger against a server with its default settings: it must not
+//! silence, lock out or wear down anyone else. Each test is an attack as an
+//! outsider would run it, and checks what it cost the others.
+
+mod common;
+
+use common::browser::Browser;
+use common::*;
+use futures_util::future::join_all;
+use reqwest::StatusCode;
+use serde_json::json;
+
+fn forged(i: usize) -> String {
+    format!("phn_{:B>43}", i)
+}
+
+/// A neighbour at the owner's address (an office NAT, a cloud /64, an edge
+/// set up without the client's header) fails 100 times, on both replicas.
+/// The owner's right token is then served at once, on every replica,
+/// through /mcp (the hot path and the others) and through the console.
+#[tokio::test]
+async fn a_neighbours_failures_never_lock_the_owner_out() {
+    let one = spawn_app().await;
+    let two = spawn_app_on(&one.database_url, &[]).await;
+    let (c1, c2) = (one.client().await, two.client().await);
+    let owner = register(&c1, "owner", "the owner", "p").await;
+    register(&c1, "friend", "a friend", "p").await;
+
+    let guesses = (0..100).map(|i| {
+        let client = if i % 2 == 0 { &c1 } else { &c2 };
+        let args = json!({"name": "owner", "token": forged(i)});
+        async move { tool_err(client, "phone_inbox", args).await }
+    });
+    let errors = join_all(guesses).await;
+    let limited = errors
+        .iter()
+        .filter(|e| e.starts_with("too many failed authentication attempts"))
+        .count();
+    assert!(
+        limited >= 70,
+        "the neighbour is limited (default 20 per 5 minutes): {limited} of 100"
+    );
+
+    for (client, app) in [(&c1, &one), (&c2, &two)] {
+        ok(client, "phone_inbox", owner.with(json!({}))).await;
+        ok(client, "phone_inbox", owner.with(json!({"peek": true}))).await;
+        ok(
+            client,
+            "phone_send",
+            owner.with(json!({"to": "friend", "body": "still here"})),
+        )
+        .await;
+        ok(client, "phone_outbox", owner.with(json!({}))).await;
+        ok(
+            client,
+            "phone_register",
+            owner.with(json!({"description": "the owner, unharmed", "project": "p"})),
+        )
+        .await;
+        // The header form, as Claude Code sends it.
+        let with_header = app.client_with(Some(&owner.token)).await;
+        ok(&with_header, "phone_inbox", json!({})).await;
+
+        let mut browser = Browser::new(app);
+        let answer = browser.sign_in("owner", &owner.token).await;
+        assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+        assert_eq!(browser.get("/console/inbox").await.status, StatusCode::OK);
+    }
+    // The neighbour is still refused, and its refusals were not counted on.
+    let err = tool_err(&c2, "phone_inbox", json!({"token": forged(500)})).await;
+    assert!(err.starts_with("too many failed"), "{err}");
+    two.stop().await;
+    one.stop().await;
+}
+
+/// Sends `body` from `from` to `to`; `Ok(())` when stored, else the tool
+/// error's text.
+async fn try_send(c: &Client, from: &Agent, to: &str, body: &str) -> Result<(), String> {
+    let result = call(c, "phone_send", from.with(json!({"to": to, "body": body}))).await;
+    if result.is_error == Some(true) {
+        Err(text(&result))
+    } else {
+        Ok(())
+    }
+}
+
+/// With the default settings, a freshly registered stranger floods one
+/// agent, 32 sends at a time. Its own next message is refused, to it, with
+/// a reason it can act on; everyone else's mail still gets through; a
+/// block takes the stranger's unread mail out of the inbox (kept, not
+/// deleted) without telling the stranger, and an unblock brings it back.
+#[tokio::test]
+async fn one_stranger_cannot_fill_an_inbox_for_everyone_else() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let victim = register(&c, "victim", "V", "p").await;
+    let stranger = register(&c, "stranger", "S", "elsewhere").await;
+    let other = register(&c, "other", "O", "elsewhere").await;
+
+    let mut refusal = None;
+    'flood: for round in 0..40 {
+        let sends = (0..32).map(|i| {
+            let body = format!("flood {round}-{i}");
+            let (c, stranger) = (&c, &stranger);
+            async move { try_send(c, stranger, "victim", &body).await }
+        });
+        for outcome in join_all(sends).await {
+            if let Err(e) = outcome {
+                refusal = Some(e);
+                break 'flood;
+            }
+        }
+    }
+    let refusal = refusal.expect("the stranger was never refused");
+    assert!(
+        refusal.contains("your share of its inbox is full"),
+        "the stranger hears why: {refusal}"
+    );
+    let stored = app
+        .count("SELECT count(*) FROM messages WHERE body LIKE 'flood %'")
+        .await;
+    assert!(
+        (500..=532).contains(&stored),
+        "one sender holds at most its share (500): {stored}"
+    );
+    // Another stranger, and the victim's own correspondents, get through.
+    try_send(&c, &other, "victim", "hello from someone else")
+        .await
+        .unwrap();
+
+    // A block withdraws the stranger's unread mail: out of the inbox and
+    // its caps, kept in the table; the stranger's outbox does not show it.
+    ok(
+        &c,
+        "phone_settings",
+        victim.with(json!({"block": ["stranger"]})),
+    )
+    .await;
+    let got = ok(
+        &c,
+        "phone_inbox",
+        victim.with(json!({"peek": true, "limit": 100})),
+    )
+    .await;
+    let senders: Vec<&str> = got["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["from"].as_str().unwrap())
+        .collect();
+    assert_eq!(senders, ["other"], "{got}");
+    assert_eq!(
+        app.count(
+            "SELECT count(*) FROM messages WHERE body LIKE 'flood %' AND dead_reason = 'blocked'"
+        )
+        .await,
+        stored
+    );
+    let outbox = ok(&c, "phone_outbox", stranger.with(json!({"limit": 5}))).await;
+    for m in outbox["messages"].as_array().unwrap() {
+        assert_eq!(m["state"], "waiting", "a block is not revealed: {m}");
+    }
+    // Unblocking brings back what is still unread.
+    ok(
+        &c,
+        "phone_settings",
+        victim.with(json!({"unblock": ["stranger"]})),
+    )
+    .await;
+    let got = ok(
+        &c,
+        "phone_inbox",
+        victim.with(json!({"peek": true, "limit": 3})),
+    )
+    .await;
+    assert_eq!(got["messages"][0]["from"], "stranger", "{got}");
+    app.stop().await;
+}
+
+/// A full inbox (here 6 unread, 2 per sender) takes no more mail from
+/// strangers, but its owner's contacts, agents it wrote to and answers to
+/// its own mail still pass, up to twice the cap.
+#[tokio::test]
+async fn a_full_inbox_still_hears_from_those_its_owner_knows() {
+    let app = spawn_app_with(&[
+        ("PHONE_INBOX_UNREAD_MAX", "6"),
+        ("PHONE_INBOX_UNREAD_PER_SENDER", "2"),
+    ])
+    .await;
+    let c = app.client().await;
+    let owner = register(&c, "owner", "O", "p").await;
+    let contact = register(&c, "contact", "C", "q").await;
+    let colleague = register(&c, "colleague", "C", "q").await;
+    let asked = register(&c, "asked", "A", "q").await;
+    let mut strangers = Vec::new();
+    for i in 0..4 {
+        strangers.push(register(&c, &format!("stranger{i}"), "S", "q").await);
+    }
+    ok(
+        &c,
+        "phone_settings",
+        owner.with(json!({"allow": ["contact"]})),
+    )
+    .await;
+    ok(
+        &c,
+        "phone_send",
+        owner.with(json!({"to": "colleague", "body": "hi"})),
+    )
+    .await;
+    let question = ok(
+        &c,
+        "phone_send",
+        owner.with(json!({"to": "asked", "body": "?"})),
+    )
+    .await;
+
+    for s in &strangers[..3] {
+        for _ in 0..2 {
+            try_send(&c, s, "owner", "filler").await.unwrap();
+        }
+    }
+    let err = try_send(&c, &strangers[3], "owner", "one more")
+        .await
+        .unwrap_err();
+    assert!(err.contains("'owner''s inbox is full"), "{err}");
+    try_send(&c, &contact, "owner", "from a contact")
+        .await
+        .unwrap();
+    try_send(&c, &colleague, "owner", "from one it wrote to")
+        .await
+        .unwrap();
+    ok(
+        &c,
+        "phone_send",
+        asked.with(json!({"reply_to": question["id"], "body": "an answer"})),
+    )
+    .await;
+    app.stop().await;
+}
