@@ -11,11 +11,9 @@
 //!                   [--only mix,rate,hot,wake,webhooks,policy,search,growth,fsync]
 
 mod db;
-mod hooks;
 mod load;
 mod mcp;
 mod stats;
-mod wake;
 
 use std::{
     collections::{BTreeSet, HashSet},
@@ -26,7 +24,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use load::{Agent, SearchQuery};
+use load::{Agent, SearchQuery, hooks, long_poll};
 use mcp::Target;
 use stats::{CpuProbe, CpuUse, Mem, Summary};
 
@@ -1983,7 +1981,7 @@ async fn wake_phase(
     // Wake-up pairs: one alone (the path's own latency), then
     // WAKE_PAIRS at once; each pair has a waiter of its own.
     let waiters = seeded_agents('p', 2 * WAKE_PAIRS + 1);
-    let waiting = wake::SendWhen::Waiting { grace: WAKE_GRACE };
+    let waiting = long_poll::SendWhen::Waiting { grace: WAKE_GRACE };
     let mut pair_rows = Vec::new();
     for (waiters, rounds) in [
         (&waiters[2 * WAKE_PAIRS..], mode.wake_rounds * 4),
@@ -2005,7 +2003,7 @@ async fn wake_phase(
     w.latency.splice(0..0, pair_rows);
 
     // Racing pairs: sends that may land while the poll registers.
-    let racing = wake::SendWhen::Racing {
+    let racing = long_poll::SendWhen::Racing {
         within: RACE_WITHIN,
     };
     let racers = &waiters[WAKE_PAIRS..2 * WAKE_PAIRS];
@@ -2072,7 +2070,7 @@ impl WakeCtx<'_> {
         let wall0 = chrono::Utc::now();
         let from = start + mode.wake_warmup;
         let (out, waits) = tokio::join!(
-            wake::sends(
+            long_poll::sends(
                 &self.tg,
                 &self.senders,
                 recipients,
@@ -2179,7 +2177,7 @@ async fn wake_swarm(
 ) -> Result<SendRateRow, String> {
     use tokio::time::Instant as TInstant;
     let armed = TInstant::now();
-    let mut armed_swarm = wake::arm_swarm(
+    let mut armed_swarm = long_poll::arm_swarm(
         &ctx.tg,
         swarm,
         WAKE_SWARM_WAIT,
@@ -2247,7 +2245,7 @@ async fn wake_swarm(
 
     let names = names_of(swarm);
     let notified = ctx.notifications.count();
-    let (delivered, deliver_errors) = wake::deliver(
+    let (delivered, deliver_errors) = long_poll::deliver(
         &ctx.tg,
         &ctx.senders,
         &names,
@@ -2334,7 +2332,7 @@ async fn wake_rearming(ctx: &WakeCtx<'_>, waiters: &[Agent]) -> Result<SendRateR
         + mode.wake_warmup
         + mode.wake_window
         + Duration::from_secs(REARM_WAIT + 20);
-    let tasks = wake::rearming(&ctx.tg, waiters, REARM_WAIT, hard_stop);
+    let tasks = long_poll::rearming(&ctx.tg, waiters, REARM_WAIT, hard_stop);
     ctx.rows
         .until_waiting(
             &ids,
@@ -2350,16 +2348,16 @@ async fn wake_rearming(ctx: &WakeCtx<'_>, waiters: &[Agent]) -> Result<SendRateR
         .await?;
     // Every send was answered: a last message each ends their current
     // wait; they then drain what is left and stop.
-    let (last, last_errors) = wake::deliver(
+    let (last, last_errors) = long_poll::deliver(
         &ctx.tg,
         &ctx.senders,
         &names,
-        wake::LAST_BODY,
+        long_poll::LAST_BODY,
         TInstant::now() + Duration::from_secs(10),
     )
     .await;
     let end_by = TInstant::now() + Duration::from_secs(REARM_WAIT + 10);
-    let mut out = wake::join_rearming(tasks, end_by).await;
+    let mut out = long_poll::join_rearming(tasks, end_by).await;
     out.errors.merge(last_errors);
     // The closed loop keeps no sent ids: exactly once is what the polls
     // returned (no duplicates) against the database's count, none unread.
@@ -2399,27 +2397,27 @@ async fn wake_pairs(
     waiters: &[Agent],
     rounds: usize,
     wait_seconds: u64,
-    send_when: wake::SendWhen,
-) -> Result<(WakeLatRow, wake::PairsOutcome), String> {
+    send_when: long_poll::SendWhen,
+) -> Result<(WakeLatRow, long_poll::PairsOutcome), String> {
     let ids = db::ids_by_name(&ctx.wdb, &names_of(waiters)).await?;
-    let pairs: Vec<wake::Pair> = waiters
+    let pairs: Vec<long_poll::Pair> = waiters
         .iter()
         .zip(&ctx.senders)
         .zip(&ids)
-        .map(|((waiter, sender), &waiter_id)| wake::Pair {
+        .map(|((waiter, sender), &waiter_id)| long_poll::Pair {
             sender: sender.clone(),
             waiter: waiter.clone(),
             waiter_id,
         })
         .collect();
-    let plan = wake::PairPlan {
+    let plan = long_poll::PairPlan {
         rounds,
         wait_seconds,
         send_when,
         deadline: tokio::time::Instant::now() + ctx.mode.wake_pairs_secs,
     };
     let notified = ctx.notifications.count();
-    let out = wake::pairs(&ctx.tg, &pairs, ctx.rows.clone(), plan).await;
+    let out = long_poll::pairs(&ctx.tg, &pairs, ctx.rows.clone(), plan).await;
     let notifications = ctx.notifications.settled_count().await - notified;
     let once = Once::check(
         &out.sent_ids,
@@ -4342,7 +4340,7 @@ fn render_wake(w: &mut String, wk: &WakeReport, opts: &Opts, mode: &Mode) {
     let _ = writeln!(
         w,
         "Pairs: the waiter calls `phone_inbox {{wait_seconds: {WAKE_PAIR_WAIT}}}` on replica k+1 (its own keep-alive connection); the sender's side checks `inbox_waiters` over SQL every {} ms until the waiter's row is there, waits {} ms more (the poll's re-check after adding its row is then over), then calls `phone_send` on replica k. Latency runs from the send request going out (or from its response arriving) to the waiting poll's response, holding that message, arriving; both clocks are the load generator's. A poll answered before its send's own response counts 0 in the second column. `the send itself`: every send here notifies, and PostgreSQL serialises notifying commits (NOTIFY takes one database-wide lock at commit and holds it through the commit's WAL flush), so sends that wake someone at the same time queue behind each other: compare the pair alone with the pairs in parallel. Each of the {WAKE_PAIRS} pairs in parallel does {} rounds, the pair alone 4 times as many, each within {} s at most. `notifications per send`: what a LISTEN connection of the bench on the server's channel received while the case ran, ÷ its sends: 1.00 means every send saw its recipient's waiter row and notified. The swarm row: the {WAKE_SWARM} agents of the load test below, each sent one message by {WAKE_PAIRS} senders at once (replicas round robin, so two thirds cross replicas). Exactly once: ids the sends returned against ids the polls returned, and the database's count of messages to these agents, none left unread.\n",
-        wake::ROW_POLL.as_millis(),
+        long_poll::ROW_POLL.as_millis(),
         WAKE_GRACE.as_millis(),
         mode.wake_rounds,
         mode.wake_pairs_secs.as_secs()
