@@ -1,10 +1,11 @@
-//! Direct PostgreSQL work, beside the server: databases and plain
-//! statements (here), bulk seeding with generate_series (`seed`, from the
-//! words of `vocabulary`), the raw-SQL baselines (`baseline`: pgbench,
-//! pg_test_fsync), what the statistics views say (`observe`) and what the
-//! server stored (`stored`).
+//! Direct PostgreSQL work, beside the server: the bench's settings of the
+//! cluster (`cluster`), databases and plain statements (here), bulk
+//! seeding with generate_series (`seed`, from the words of `vocabulary`),
+//! the raw-SQL baselines (`baseline`: pgbench, pg_test_fsync), what the
+//! statistics views say (`observe`) and what the server stored (`stored`).
 
 mod baseline;
+mod cluster;
 mod observe;
 mod seed;
 mod stored;
@@ -13,6 +14,7 @@ mod vocabulary;
 use tokio_postgres::{Client, NoTls};
 
 pub use baseline::{fdatasync_rate, pgbench_finish, pgbench_hot_start, pgbench_start};
+pub use cluster::Cluster;
 pub use observe::{
     DbCounters, NotifyCounter, StmtStat, WaiterRows, counters, statements, statements_reset,
     wait_events,
