@@ -20,7 +20,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::{net::TcpListener, task::JoinHandle, time::Instant};
 
-use crate::load::{Agent, BODY, MAX_CALLS_PER_WORKER, open_until};
+use super::{Agent, BODY, MAX_CALLS_PER_WORKER, open_until};
 use crate::mcp::{CallError, Target};
 use crate::stats::{Errors, Lat};
 
