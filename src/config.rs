@@ -52,6 +52,10 @@ pub struct Config {
     pub quotas: store::Quotas,
     /// How webhooks are delivered.
     pub webhooks: webhooks::Settings,
+    /// Name servers for webhook hosts (`PHONE_DNS_SERVERS`; empty: the
+    /// system's), and how long one query may take.
+    pub dns_servers: Vec<std::net::SocketAddr>,
+    pub dns_timeout: Duration,
     /// What the operator should hear at startup (a likely mistake that is
     /// not an error).
     pub warnings: Vec<String>,
@@ -229,6 +233,7 @@ impl Config {
                 new_recipients_per_day: quota(&get, "PHONE_NEW_RECIPIENT_QUOTA_PER_DAY", 100)?,
                 unread_max: quota(&get, "PHONE_INBOX_UNREAD_MAX", 10_000)?,
                 unread_per_sender: quota(&get, "PHONE_INBOX_UNREAD_PER_SENDER", 500)?,
+                webhook_backlog: quota(&get, "PHONE_WEBHOOK_BACKLOG_MAX", 100)?.max(1),
             },
             webhooks: webhooks::Settings {
                 timeout: Duration::from_secs(bounded(
@@ -244,8 +249,21 @@ impl Config {
                     10,
                     3_600_000,
                 )? as u64),
+                give_up_after: Duration::from_secs(bounded(
+                    parse(&get, "PHONE_WEBHOOK_GIVE_UP_SECS", 24 * 3600)?,
+                    "PHONE_WEBHOOK_GIVE_UP_SECS",
+                    1,
+                    7 * 24 * 3600,
+                )? as u64),
                 ..webhooks::Settings::default()
             },
+            dns_servers: dns_servers(get("PHONE_DNS_SERVERS"))?,
+            dns_timeout: Duration::from_millis(bounded(
+                parse(&get, "PHONE_DNS_TIMEOUT_MS", 2000)?,
+                "PHONE_DNS_TIMEOUT_MS",
+                10,
+                30_000,
+            )? as u64),
             warnings,
         })
     }
@@ -325,6 +343,26 @@ fn client_address_from(
         }
         (None, _) => http::ClientAddressFrom::Peer,
     })
+}
+
+/// `PHONE_DNS_SERVERS`: name servers (`IP` or `IP:PORT`, comma-separated)
+/// for webhook hosts, instead of the system's.
+fn dns_servers(value: Option<String>) -> Result<Vec<std::net::SocketAddr>, ConfigError> {
+    list(value)
+        .into_iter()
+        .map(|s| {
+            s.parse::<std::net::SocketAddr>()
+                .or_else(|_| {
+                    s.parse::<IpAddr>()
+                        .map(|ip| std::net::SocketAddr::new(ip, 53))
+                })
+                .map_err(|_| ConfigError::Invalid {
+                    name: "PHONE_DNS_SERVERS",
+                    value: s.clone(),
+                    reason: "expected IP or IP:PORT, comma-separated".into(),
+                })
+        })
+        .collect()
 }
 
 /// A quota: 0 (off) up to a million.

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     config::Config,
-    domain::{Phone, limits::Limits, messages::UNREAD_COUNT_CAP},
+    domain::{Phone, limits::Limits, messages::UNREAD_COUNT_CAP, webhook::Resolver},
     http::{self, serve::ConnectionLimits},
     store::{self, Store},
 };
@@ -51,12 +51,14 @@ impl Application {
         )?;
         let limits = Limits::new(config.auth_failure_limit, config.register_limit);
         tokio::spawn(store::prune::run(store.clone(), stopping.clone()));
+        let resolver = Resolver::new(&config.dns_servers, config.dns_timeout);
         tokio::spawn(crate::webhooks::run(
             store.clone(),
             config.webhooks.clone(),
+            resolver.clone(),
             stopping.clone(),
         ));
-        let phone = Phone::new(store, stopping.clone(), limits, config.mail);
+        let phone = Phone::new(store, stopping.clone(), limits, config.mail, resolver);
         let addr = SocketAddr::new(config.bind_address, config.port);
         let listener = TcpListener::bind(addr)
             .await

@@ -172,3 +172,133 @@ async fn no_secret_in_the_text_log_at_trace() {
 async fn no_secret_in_the_json_log_at_trace() {
     every_tool_at_trace("json").await;
 }
+
+/// A local receiver answering every POST with `status` (a `Location` too).
+async fn answering(status: u16) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = axum::Router::new().fallback(move || async move {
+        (
+            axum::http::StatusCode::from_u16(status).unwrap(),
+            [("location", "/elsewhere/secret-in-a-redirect")],
+            "no",
+        )
+    });
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+/// Webhook URLs carry secrets in their paths and queries (Slack-style
+/// paths, tokens). Through every way a delivery can fail — no connection,
+/// no answer in time, an error status, a refusal, a redirect, a TLS
+/// handshake with a plain-http server, a host that does not resolve — no
+/// URL reaches the log (at trace) or a delivery's stored error.
+#[tokio::test]
+async fn webhook_urls_never_reach_the_log_or_the_database() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let hang = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hang_addr = hang.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = hang.accept().await {
+            held.push(socket);
+        }
+    });
+    let (failing, refusing, redirecting) = (
+        answering(503).await,
+        answering(404).await,
+        answering(302).await,
+    );
+    let destinations = [
+        ("refused", format!("http://{closed}")),
+        ("hanging", format!("http://{hang_addr}")),
+        ("failing", format!("http://{failing}")),
+        ("refusing", format!("http://{refusing}")),
+        ("redirecting", format!("http://{redirecting}")),
+        ("tls", format!("https://{failing}")),
+        ("unresolved", "http://phone-test.invalid".to_owned()),
+    ];
+    let db = fresh_database().await;
+    let server = Process::start(
+        &db,
+        &[
+            ("RUST_LOG", "trace"),
+            ("PHONE_WEBHOOK_ALLOW_PRIVATE", "true"),
+            ("PHONE_WEBHOOK_TIMEOUT_SECS", "1"),
+            ("PHONE_WEBHOOK_FIRST_RETRY_MS", "100"),
+            ("PHONE_DNS_TIMEOUT_MS", "300"),
+        ],
+    )
+    .await;
+    let app = TestApp::external(&server.url);
+    let c = app.client().await;
+    let alice = register(&c, "alice", "sender", "p").await;
+    for (i, (name, base)) in destinations.iter().enumerate() {
+        let agent = register(&c, name, "receiver", "p").await;
+        let url = format!("{base}/services/T0SECRETPATH{i}/B0/XyZ?token=SECRETQUERY{i}");
+        let set = call(
+            &c,
+            "phone_settings",
+            agent.with(json!({"webhook_url": url})),
+        )
+        .await;
+        if set.is_error == Some(true) {
+            // Refused when set (the name does not resolve): said without the URL.
+            let said = text(&set);
+            assert!(!said.contains("SECRET"), "{said}");
+            let pg = connect(&db).await;
+            pg.execute(
+                "UPDATE agents SET webhook_url = $1, webhook_host = 'phone-test.invalid:80',
+                        webhook_secret = 'whsec_AAAA' WHERE name = $2",
+                &[&url, name],
+            )
+            .await
+            .unwrap();
+        }
+        ok(
+            &c,
+            "phone_send",
+            alice.with(json!({"to": name, "body": "x"})),
+        )
+        .await;
+    }
+    let pg = connect(&db).await;
+    wait_until_for(
+        &pg,
+        "every delivery was tried and its failure recorded",
+        &format!(
+            "SELECT count(*) = {} FROM webhook_deliveries
+             WHERE last_error IS NOT NULL OR last_status IS NOT NULL",
+            destinations.len()
+        ),
+        Duration::from_secs(20),
+    )
+    .await;
+    let errors: Vec<String> = pg
+        .query(
+            "SELECT coalesce(last_error, '') FROM webhook_deliveries",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let log = server.stop();
+    assert!(
+        log.contains("webhook delivery did not go through"),
+        "the failures are logged: {log}"
+    );
+    for error in &errors {
+        assert!(!error.contains("SECRET"), "a URL in last_error: {error}");
+    }
+    let hits: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("SECRET"))
+        .take(3)
+        .collect();
+    assert!(hits.is_empty(), "a URL in the log: {hits:#?}");
+}

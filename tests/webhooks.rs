@@ -132,13 +132,10 @@ async fn destinations_must_be_https_and_public() {
     let me = register(&c, "me", "M", "p").await;
     for (url, says) in [
         ("http://agent.example.com/hook", "must be an https:// URL"),
-        ("https://127.0.0.1:8443/hook", "not a public address"),
-        ("https://localhost/hook", "not a public address"),
-        ("https://[::1]/hook", "not a public address"),
-        (
-            "https://169.254.169.254/latest/meta-data",
-            "not a public address",
-        ),
+        ("https://127.0.0.1:8443/hook", "not public"),
+        ("https://localhost/hook", "not public"),
+        ("https://[::1]/hook", "not public"),
+        ("https://169.254.169.254/latest/meta-data", "not public"),
         ("https://user:pw@agent.example.com/", "credentials"),
         ("not a url", "is not a URL"),
     ] {
@@ -566,4 +563,173 @@ async fn a_forged_cursor_is_refused_before_anything_changes() {
     assert!(err.contains("cursor"), "{err}");
     let now = ok(&c, "phone_settings", svc.with(json!({}))).await;
     assert!(now["webhook_url"].is_null(), "{now}");
+}
+
+/// A receiver that accepts connections and never answers, while mail keeps
+/// arriving for its agent. Its destination pauses after the first attempts
+/// time out, and while it pauses nothing is claimed and handed back: once
+/// the sends stop, the database runs as many transactions a second as with
+/// no webhook at all. The agent's backlog is capped (the rest collapses
+/// into one "mail waits" delivery), and every delivery ends as failed when
+/// the retry period is over.
+#[tokio::test]
+async fn a_receiver_that_never_answers_costs_nothing_while_it_pauses() {
+    let hang = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hang_addr = hang.local_addr().unwrap();
+    // Accepts, reads nothing, answers nothing; holds every connection.
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = hang.accept().await {
+            held.push(socket);
+        }
+    });
+    let app = spawn_app_with(&[
+        ("PHONE_WEBHOOK_ALLOW_PRIVATE", "true"),
+        ("PHONE_WEBHOOK_TIMEOUT_SECS", "1"),
+        ("PHONE_WEBHOOK_FIRST_RETRY_MS", "1000"),
+        ("PHONE_WEBHOOK_GIVE_UP_SECS", "12"),
+        ("PHONE_WEBHOOK_BACKLOG_MAX", "20"),
+    ])
+    .await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let svc = register(&c, "service", "S", "p").await;
+    let db = app.db().await;
+    let xacts = async |db: &tokio_postgres::Client| -> i64 {
+        db.query_one(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+    };
+    let window = Duration::from_secs(6);
+    // The idle server, for comparison.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = xacts(&db).await;
+    tokio::time::sleep(window).await;
+    let idle = xacts(&db).await - before;
+
+    ok(
+        &c,
+        "phone_settings",
+        svc.with(json!({"webhook_url": format!("http://{hang_addr}/hook")})),
+    )
+    .await;
+    // A steady trickle: 60 messages over about 3 s.
+    for i in 0..60 {
+        ok(
+            &c,
+            "phone_send",
+            alice.with(json!({"to": "service", "body": format!("m{i}")})),
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let queued = app
+        .count("SELECT count(*) FROM webhook_deliveries WHERE state = 'pending'")
+        .await;
+    assert!(
+        queued <= 21,
+        "the backlog is capped at 20 and one summary: {queued}"
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM webhook_deliveries WHERE summary")
+            .await,
+        1
+    );
+    // Let the first attempts time out and the destination pause.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = xacts(&db).await;
+    tokio::time::sleep(window).await;
+    let hanging = xacts(&db).await - before;
+    assert!(
+        hanging <= idle * 2 + 12,
+        "a hanging receiver keeps the database busy: {hanging} transactions in {window:?} \
+         against {idle} idle"
+    );
+    wait_until_for(
+        &db,
+        "every delivery ended as failed when the retry period was over",
+        "SELECT count(*) = 0 FROM webhook_deliveries WHERE state = 'pending'",
+        Duration::from_secs(15),
+    )
+    .await;
+    let attempts = app
+        .count("SELECT coalesce(sum(attempts), 0)::bigint FROM webhook_deliveries")
+        .await;
+    assert!(
+        attempts <= 12,
+        "one attempt at a time while the destination fails: {attempts}"
+    );
+    app.stop().await;
+}
+
+/// phone_settings runs in one transaction: when a later part fails, the
+/// webhook set earlier in the call is not stored either, so no secret is
+/// ever stored that its agent was never shown.
+#[tokio::test]
+async fn a_settings_call_that_fails_stores_no_secret_it_did_not_show() {
+    let (_hooks, addr) = receiver().await;
+    let app = spawn_app_with(&LOCAL).await;
+    let c = app.client().await;
+    let svc = register(&c, "service", "S", "p").await;
+    register(&c, "other", "O", "p").await;
+    // A later statement of the call fails (here a trigger refuses it).
+    app.db()
+        .await
+        .batch_execute(
+            "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS
+                 $$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$;
+             CREATE TRIGGER refuse BEFORE INSERT ON contacts FOR EACH ROW EXECUTE FUNCTION refuse();",
+        )
+        .await
+        .unwrap();
+    let err = tool_err(
+        &c,
+        "phone_settings",
+        svc.with(json!({"webhook_url": format!("http://{addr}/hook"), "allow": ["other"]})),
+    )
+    .await;
+    assert!(err.contains("retry") || err.contains("error"), "{err}");
+    assert_eq!(
+        app.count("SELECT count(*) FROM agents WHERE webhook_secret IS NOT NULL OR webhook_url IS NOT NULL")
+            .await,
+        0,
+        "a secret nobody was shown was stored"
+    );
+    app.stop().await;
+}
+
+/// Each webhook change names a host to look up and a destination to call:
+/// an agent may make 10 an hour.
+#[tokio::test]
+async fn webhook_changes_are_limited_per_agent() {
+    let (_hooks, addr) = receiver().await;
+    let app = spawn_app_with(&LOCAL).await;
+    let c = app.client().await;
+    let svc = register(&c, "service", "S", "p").await;
+    let other = register(&c, "other", "O", "p").await;
+    for i in 0..10 {
+        let url = format!("http://{addr}/hook/{i}");
+        ok(&c, "phone_settings", svc.with(json!({"webhook_url": url}))).await;
+    }
+    let err = tool_err(
+        &c,
+        "phone_settings",
+        svc.with(json!({"rotate_webhook_secret": true})),
+    )
+    .await;
+    assert!(err.contains("too many webhook changes"), "{err}");
+    // Other settings, and other agents, are not limited.
+    ok(&c, "phone_settings", svc.with(json!({"listed": false}))).await;
+    let url = format!("http://{addr}/hook");
+    ok(
+        &c,
+        "phone_settings",
+        other.with(json!({"webhook_url": url})),
+    )
+    .await;
+    app.stop().await;
 }

@@ -161,6 +161,8 @@ pub struct Phone {
     shutdown: CancellationToken,
     limits: Arc<limits::Limits>,
     mail_rules: messages::MailRules,
+    /// Looks up webhook hosts (phone_settings).
+    resolver: webhook::Resolver,
 }
 
 impl Phone {
@@ -169,12 +171,14 @@ impl Phone {
         shutdown: CancellationToken,
         limits: limits::Limits,
         mail_rules: messages::MailRules,
+        resolver: webhook::Resolver,
     ) -> Self {
         Self {
             store,
             shutdown,
             limits: Arc::new(limits),
             mail_rules,
+            resolver,
         }
     }
 

@@ -170,85 +170,105 @@ fn decode_cursor(raw: &str) -> Result<(String, String), InvalidInput> {
         })
 }
 
-/// The longest a webhook host's lookup may take in phone_settings.
-const WEBHOOK_LOOKUP_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+/// Webhook changes (a URL set or cleared, a secret rotated) an agent may
+/// make per hour: each names a host to look up and a destination to call.
+pub const WEBHOOK_CHANGES_PER_HOUR: u32 = 10;
+const WEBHOOK_CHANGES: &str = "webhook changes";
 
 impl Phone {
-    /// Applies what the request changes, then shows the settings.
+    /// Applies what the request changes, in one transaction (a new secret
+    /// is shown, or it is not stored), then shows the settings.
     pub async fn settings(
         &self,
         me: &Caller,
         req: SettingsRequest,
     ) -> Result<Settings, PhoneError> {
-        if let Some(Some(url)) = &req.webhook {
-            // Checked now (and before every delivery): a host that resolves
-            // to a private address is refused. Before taking a connection,
-            // and bounded: a lookup that hangs must not hold the pool.
-            let allow_private = self.mail_rules().webhooks_allow_private;
-            match tokio::time::timeout(WEBHOOK_LOOKUP_MAX, url.destination(allow_private)).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(reason)) => {
-                    return Err(
-                        InvalidInput::new("webhook_url", format!("is refused: {reason}")).into(),
-                    );
-                }
-                Err(_) => {
-                    return Err(InvalidInput::new(
-                        "webhook_url",
-                        format!("is refused: looking up {} took too long", url.host()),
-                    )
-                    .into());
-                }
-            }
-        }
-        let db = self.store.db().await?;
-        let mut webhook_secret = None;
-        if req.webhook.is_some() || req.rotate_webhook_secret {
-            let current = store::webhooks::webhook(&db, me.id).await?;
-            let url = match &req.webhook {
-                Some(Some(url)) => Some(url.as_str().to_owned()),
-                Some(None) => None,
-                None => current.url.clone(),
-            };
-            if url.is_none() && req.rotate_webhook_secret {
-                return Err(InvalidInput::new(
-                    "rotate_webhook_secret",
-                    "needs a webhook_url, set now or before",
-                )
-                .into());
-            }
-            let needs_secret = url.is_some()
-                && (req.rotate_webhook_secret || !store::webhooks::has_secret(&db, me.id).await?);
-            let secret = needs_secret.then(new_secret);
-            store::webhooks::set_webhook(&db, me.id, url.as_deref(), secret.as_deref()).await?;
-            webhook_secret = secret;
-        }
-        if req.contact_policy.is_some() || req.listed.is_some() {
-            store::settings::set_policy(
-                &db,
-                me.id,
-                req.contact_policy.map(ContactPolicy::as_str),
-                req.listed,
+        let changes_webhook = req.webhook.is_some() || req.rotate_webhook_secret;
+        if changes_webhook {
+            let bucket = format!("webhook:agent:{}", me.id);
+            self.check_block(&bucket, WEBHOOK_CHANGES)?;
+            self.count(
+                bucket,
+                std::time::Duration::from_secs(3600),
+                WEBHOOK_CHANGES_PER_HOUR,
+                WEBHOOK_CHANGES,
             )
             .await?;
         }
-        let mut unknown = Vec::new();
-        if !req.marks.is_empty() {
-            let marks: Vec<(String, Mark)> = req
-                .marks
-                .iter()
-                .map(|(n, m)| (n.as_str().to_owned(), *m))
-                .collect();
-            let matched = store::settings::mark(&db, me.id, &marks).await?;
-            for (name, _) in &req.marks {
-                if name != &me.name
-                    && !matched.iter().any(|m| m == name.as_str())
-                    && !unknown.iter().any(|u| u == name.as_str())
-                {
-                    unknown.push(name.to_string());
-                }
+        if let Some(Some(url)) = &req.webhook {
+            // Checked now (and before every delivery): a host that resolves
+            // to a private address is refused. Before taking a connection,
+            // by a resolver with its own timeouts (no thread held).
+            let allow_private = self.mail_rules().webhooks_allow_private;
+            if let Err(reason) = url.destination(&self.resolver, allow_private).await {
+                return Err(
+                    InvalidInput::new("webhook_url", format!("is refused: {reason}")).into(),
+                );
             }
         }
+        let db = self.store.db().await?;
+        let (webhook_secret, unknown) = db
+            .transaction(async |db| {
+                let mut webhook_secret = None;
+                if changes_webhook {
+                    let current = store::webhooks::lock_webhook(db, me.id).await?;
+                    let url = match &req.webhook {
+                        Some(Some(url)) => Some((url.as_str().to_owned(), url.destination_key())),
+                        Some(None) => None,
+                        None => current.url.as_deref().and_then(|u| {
+                            WebhookUrl::parse(u, true)
+                                .ok()
+                                .map(|parsed| (u.to_owned(), parsed.destination_key()))
+                        }),
+                    };
+                    if url.is_none() && req.rotate_webhook_secret {
+                        return Err(InvalidInput::new(
+                            "rotate_webhook_secret",
+                            "needs a webhook_url, set now or before",
+                        )
+                        .into());
+                    }
+                    let needs_secret =
+                        url.is_some() && (req.rotate_webhook_secret || !current.has_secret);
+                    let secret = needs_secret.then(new_secret);
+                    store::webhooks::set_webhook(
+                        db,
+                        me.id,
+                        url.as_ref().map(|(u, h)| (u.as_str(), h.as_str())),
+                        secret.as_deref(),
+                    )
+                    .await?;
+                    webhook_secret = secret;
+                }
+                if req.contact_policy.is_some() || req.listed.is_some() {
+                    store::settings::set_policy(
+                        db,
+                        me.id,
+                        req.contact_policy.map(ContactPolicy::as_str),
+                        req.listed,
+                    )
+                    .await?;
+                }
+                let mut unknown = Vec::new();
+                if !req.marks.is_empty() {
+                    let marks: Vec<(String, Mark)> = req
+                        .marks
+                        .iter()
+                        .map(|(n, m)| (n.as_str().to_owned(), *m))
+                        .collect();
+                    let matched = store::settings::mark(db, me.id, &marks).await?;
+                    for (name, _) in &req.marks {
+                        if name != &me.name
+                            && !matched.iter().any(|m| m == name.as_str())
+                            && !unknown.iter().any(|u| u == name.as_str())
+                        {
+                            unknown.push(name.to_string());
+                        }
+                    }
+                }
+                Ok::<_, PhoneError>((webhook_secret, unknown))
+            })
+            .await?;
         let now =
             store::settings::settings(&db, me.id)
                 .await?

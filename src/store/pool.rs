@@ -226,9 +226,10 @@ impl Client {
     /// Runs `work` between `BEGIN` and `COMMIT` (`ROLLBACK` when it fails).
     /// Its statements are not retried one by one: a conflict fails the
     /// transaction, which the caller hears as "retry".
-    pub async fn transaction<T, F>(&self, work: F) -> Result<T, StoreError>
+    pub async fn transaction<T, E, F>(&self, work: F) -> Result<T, E>
     where
-        F: AsyncFnOnce(&Client) -> Result<T, StoreError>,
+        F: AsyncFnOnce(&Client) -> Result<T, E>,
+        E: From<StoreError>,
     {
         self.simple("BEGIN").await?;
         self.transaction

@@ -1,29 +1,30 @@
 //! Webhook deliveries: every replica runs one worker that claims due
 //! deliveries from PostgreSQL (SKIP LOCKED, so replicas share the queue),
 //! POSTs each, signed as Standard Webhooks says, and records the outcome:
-//! done on 2xx, the webhook switched off on 410, otherwise again with
-//! exponential backoff for up to 24 h. Each attempt has a timeout; at most
-//! a few deliveries to one agent run at once on a replica; a claimed
-//! delivery whose replica died is taken over when its claim ends, so
-//! nothing is lost (at least once; `webhook-id` lets receivers drop
-//! repeats).
+//! done on 2xx, the webhook switched off on 410, refused for good on other
+//! 4xx; anything else pauses the destination (5 s, doubling up to an hour)
+//! and the delivery waits for the pause to end, for up to 24 h. Each
+//! attempt has a timeout; at most a few attempts to one agent, and one to a
+//! destination that failed, run at once across replicas; a claimed delivery
+//! whose replica died is taken over when its claim ends, so nothing is lost
+//! (at least once; `webhook-id` lets receivers drop repeats).
 
 mod sign;
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use serde_json::json;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::domain::{MessageId, types::timestamp, webhook::WebhookUrl};
+use crate::domain::{
+    MessageId,
+    types::timestamp,
+    webhook::{Resolver, WebhookUrl},
+};
 use crate::store::{
     Store, StoreError, https_client_config,
-    webhooks::{self, Claimed, Outcome},
+    webhooks::{self, Backoff, ClaimRules, Claimed, Outcome},
 };
 use crate::telemetry::{error_chain, metrics};
 
@@ -36,15 +37,17 @@ pub struct Settings {
     pub allow_private: bool,
     /// Deliveries in flight on this replica, at most.
     pub in_flight: usize,
-    /// Deliveries to one agent in flight on this replica, at most.
+    /// Attempts to one agent under way at once, at most, across replicas.
     pub per_destination: usize,
     /// How often an idle worker looks for due deliveries (sends through
     /// this replica wake it at once).
     pub idle_poll: Duration,
-    /// First retry after this; doubling up to `max_backoff`.
+    /// A destination that failed pauses this long, doubling with each
+    /// further failure up to `max_backoff`.
     pub first_backoff: Duration,
     pub max_backoff: Duration,
-    /// A delivery still failing after this has failed for good.
+    /// A delivery still pending after this has failed; a destination that
+    /// failed for this long has its webhooks switched off.
     pub give_up_after: Duration,
 }
 
@@ -63,14 +66,27 @@ impl Default for Settings {
     }
 }
 
+impl Settings {
+    fn pauses(&self) -> Backoff {
+        Backoff {
+            first: self.first_backoff,
+            max: self.max_backoff,
+            give_up_after: self.give_up_after,
+        }
+    }
+}
+
 /// The most of a response body read (and thrown away): a receiver cannot
 /// make the server read without end.
 const RESPONSE_CAP: usize = 64 * 1024;
 
-/// Runs until `stop`.
-pub async fn run(store: Store, settings: Settings, stop: CancellationToken) {
+/// Runs until `stop`. How many attempts run at once, per agent and per
+/// failing destination, is decided by the claims in the database (see
+/// `store::webhooks::claim`), so it holds across replicas, and nothing is
+/// claimed only to be handed back: a receiver that never answers makes no
+/// statements beyond its own attempts.
+pub async fn run(store: Store, settings: Settings, resolver: Resolver, stop: CancellationToken) {
     let in_flight = Arc::new(Semaphore::new(settings.in_flight));
-    let per_agent: Arc<Mutex<HashMap<i64, Arc<Semaphore>>>> = Arc::default();
     let due = store.webhooks_due().clone();
     let mut last_queue_report = tokio::time::Instant::now() - Duration::from_secs(60);
     loop {
@@ -103,25 +119,14 @@ pub async fn run(store: Store, settings: Settings, stop: CancellationToken) {
             let Ok(permit) = in_flight.clone().acquire_owned().await else {
                 return;
             };
-            let agent = {
-                let mut map = per_agent.lock().unwrap_or_else(|p| p.into_inner());
-                map.retain(|_, s| Arc::strong_count(s) > 1);
-                map.entry(delivery.agent_id)
-                    .or_insert_with(|| Arc::new(Semaphore::new(settings.per_destination)))
-                    .clone()
-            };
-            // A slow destination waits in the database, not in this
-            // replica's slots: with its agent's slots all busy, the delivery
-            // goes back (due again shortly) and its permit serves others.
-            let Ok(slot) = agent.try_acquire_owned() else {
-                drop(permit);
-                give_back(&store, &delivery).await;
-                continue;
-            };
-            let (store, settings, due) = (store.clone(), settings.clone(), due.clone());
+            let (store, settings, resolver, due) = (
+                store.clone(),
+                settings.clone(),
+                resolver.clone(),
+                due.clone(),
+            );
             tokio::spawn(async move {
-                deliver(&store, &settings, delivery).await;
-                drop(slot);
+                deliver(&store, &settings, &resolver, delivery).await;
                 drop(permit);
                 // A slot is free: look for more at once, not at the next idle poll.
                 due.notify_one();
@@ -130,28 +135,18 @@ pub async fn run(store: Store, settings: Settings, stop: CancellationToken) {
     }
 }
 
-/// How long a delivery given back waits before it is due again.
-const GIVE_BACK_FOR: Duration = Duration::from_millis(500);
-
-async fn give_back(store: &Store, delivery: &Claimed) {
-    let outcome = async {
-        let db = store.db().await?;
-        webhooks::release(&db, delivery, GIVE_BACK_FOR).await
-    }
-    .await;
-    if let Err(e) = outcome {
-        // The claim expires by itself; it is only later.
-        log_unrecorded(delivery, &e);
-    }
-}
-
 async fn claim(store: &Store, free: usize, settings: &Settings) -> Vec<Claimed> {
-    // A claimed delivery starts at once or goes back: long enough for the
-    // address lookup and the attempt (each bounded by the timeout), plus slack.
-    let claim_for = settings.timeout * 2 + Duration::from_secs(5);
+    let rules = ClaimRules {
+        limit: free as i64,
+        // A claimed delivery starts at once: long enough for the address
+        // lookup and the attempt (each bounded by the timeout), plus slack.
+        claim_for: settings.timeout * 2 + Duration::from_secs(5),
+        give_up_after: settings.give_up_after,
+        per_agent: settings.per_destination as i64,
+    };
     let outcome = async {
         let db = store.db().await?;
-        webhooks::claim(&db, free as i64, claim_for).await
+        webhooks::claim(&db, rules).await
     }
     .await;
     match outcome {
@@ -164,33 +159,39 @@ async fn claim(store: &Store, free: usize, settings: &Settings) -> Vec<Claimed> 
 }
 
 /// One attempt, and its outcome recorded.
-async fn deliver(store: &Store, settings: &Settings, delivery: Claimed) {
-    let outcome = attempt(settings, &delivery).await;
+async fn deliver(store: &Store, settings: &Settings, resolver: &Resolver, delivery: Claimed) {
+    let outcome = attempt(settings, resolver, &delivery).await;
     let kind = match &outcome {
         Outcome::Delivered { .. } => "delivered",
         Outcome::Gone { .. } => "gone",
+        Outcome::Refused { .. } => "refused",
         Outcome::Retry { .. } => "retry",
     };
     let recorded = async {
         let db = store.db().await?;
-        webhooks::finish(&db, &delivery, &outcome).await
+        webhooks::finish(&db, &delivery, &outcome, settings.pauses()).await
     }
     .await;
     match recorded {
         Ok(state) => {
             let kind = if state == "failed" { "failed" } else { kind };
             metrics::webhook_attempt(kind);
-            if let Outcome::Retry { status, error, .. } = &outcome {
-                tracing::info!(
-                    delivery = delivery.id,
-                    agent = delivery.agent_id,
-                    attempts = delivery.attempts,
-                    status,
-                    error = %error,
-                    state = %state,
-                    "webhook delivery did not go through"
-                );
-            }
+            let (status, error) = match &outcome {
+                Outcome::Retry { status, error } => (*status, error.as_str()),
+                Outcome::Refused { status } => (Some(*status), "refused"),
+                Outcome::Delivered { .. } | Outcome::Gone { .. } => return,
+            };
+            // The host only: a URL's path or query may carry a secret.
+            tracing::info!(
+                delivery = delivery.id,
+                agent = delivery.agent_id,
+                host = %delivery.host,
+                attempts = delivery.attempts,
+                status,
+                error = %error,
+                state = %state,
+                "webhook delivery did not go through"
+            );
         }
         // The claim ends by itself; another attempt follows then.
         Err(e) => log_unrecorded(&delivery, &e),
@@ -219,8 +220,22 @@ fn webhook_tls() -> Option<&'static rustls::ClientConfig> {
 }
 
 /// The Standard Webhooks body of one delivery: no message body (the
-/// recipient reads its inbox as usual).
+/// recipient reads its inbox as usual). A summary stands for the messages
+/// beyond the agent's capped backlog and names the first of them.
 pub fn payload(delivery: &Claimed, now: chrono::DateTime<chrono::Utc>) -> String {
+    if delivery.summary {
+        return json!({
+            "type": "inbox.waiting",
+            "timestamp": timestamp(now),
+            "data": {
+                "to": delivery.recipient,
+                "first_id": MessageId(delivery.message_id).to_string(),
+                "sent_at": timestamp(delivery.sent_at),
+                "note": "more mail waits than was announced one by one; read your inbox",
+            }
+        })
+        .to_string();
+    }
     json!({
         "type": "message.received",
         "timestamp": timestamp(now),
@@ -238,26 +253,28 @@ pub fn payload(delivery: &Claimed, now: chrono::DateTime<chrono::Utc>) -> String
     .to_string()
 }
 
-async fn attempt(settings: &Settings, delivery: &Claimed) -> Outcome {
-    let retry = |status: Option<i32>, error: String| Outcome::Retry {
-        status,
-        error,
-        retry_in: backoff(settings, delivery.attempts),
-        give_up_after: settings.give_up_after,
-    };
+/// The `webhook-id` of a delivery: its message's id (every attempt of one
+/// message's delivery shares it), or for a summary one of its own.
+pub fn webhook_id(delivery: &Claimed) -> String {
+    if delivery.summary {
+        format!("waiting_{}", delivery.id)
+    } else {
+        MessageId(delivery.message_id).to_string()
+    }
+}
+
+async fn attempt(settings: &Settings, resolver: &Resolver, delivery: &Claimed) -> Outcome {
+    let retry = |status: Option<i32>, error: String| Outcome::Retry { status, error };
     // Checked again now, whatever it resolved to when it was set: and the
     // connection goes to the very address checked (no second lookup).
     let url = match WebhookUrl::parse(&delivery.url, settings.allow_private) {
         Ok(url) => url,
         Err(e) => return retry(None, e.to_string()),
     };
-    let address =
-        match tokio::time::timeout(settings.timeout, url.destination(settings.allow_private)).await
-        {
-            Ok(Ok(address)) => address,
-            Ok(Err(reason)) => return retry(None, reason),
-            Err(_) => return retry(None, format!("looking up {} took too long", url.host())),
-        };
+    let address = match url.destination(resolver, settings.allow_private).await {
+        Ok(address) => address,
+        Err(reason) => return retry(None, reason),
+    };
     // Every client builds a TLS connector, even for http: always hand it
     // the shared one.
     let mut builder = reqwest::Client::builder();
@@ -281,11 +298,11 @@ async fn attempt(settings: &Settings, delivery: &Claimed) -> Outcome {
         .build()
     {
         Ok(client) => client,
-        Err(e) => return retry(None, e.to_string()),
+        Err(e) => return retry(None, error_chain(&e.without_url())),
     };
     let now = chrono::Utc::now();
     let body = payload(delivery, now);
-    let id = MessageId(delivery.message_id).to_string();
+    let id = webhook_id(delivery);
     let unix = now.timestamp();
     let signature = match sign::signature(&delivery.secret, &id, unix, &body) {
         Ok(signature) => signature,
@@ -308,12 +325,17 @@ async fn attempt(settings: &Settings, delivery: &Claimed) -> Outcome {
             } else {
                 "could not connect or send"
             };
-            return retry(None, format!("{what}: {}", error_chain(&e)));
+            // reqwest's text names the URL, whose path or query may carry
+            // a secret: it never reaches a log or `last_error`.
+            return retry(
+                None,
+                format!("{what} ({}): {}", url.host(), error_chain(&e.without_url())),
+            );
         }
     };
     let status = i32::from(response.status().as_u16());
     // Read a little of the answer (so the connection ends cleanly), never
-    // more than the cap.
+    // more than the cap; the client's timeout bounds the time.
     let mut read = 0usize;
     while read < RESPONSE_CAP {
         match response.chunk().await {
@@ -327,17 +349,8 @@ async fn attempt(settings: &Settings, delivery: &Claimed) -> Outcome {
             status,
             url: delivery.url.clone(),
         },
+        // The receiver refuses this delivery: trying again changes nothing.
+        400..=499 if !matches!(status, 408 | 425 | 429) => Outcome::Refused { status },
         _ => retry(Some(status), format!("answered HTTP {status}")),
     }
-}
-
-fn backoff(settings: &Settings, attempts: i32) -> Duration {
-    let exponent = attempts.clamp(1, 20) as u32 - 1;
-    let base = settings
-        .first_backoff
-        .saturating_mul(2u32.saturating_pow(exponent))
-        .min(settings.max_backoff);
-    // ±20 %, so that retries of a burst spread out.
-    let jitter = 0.8 + 0.4 * rand::random::<f64>();
-    base.mul_f64(jitter)
 }

@@ -280,7 +280,18 @@ impl Agent {
 /// Polls `sql` (one boolean) until it is true, for up to 5 s; on timeout
 /// fails with what every session of the database is doing.
 pub async fn wait_until(db: &tokio_postgres::Client, what: &str, sql: &str) {
-    for _ in 0..250 {
+    wait_until_for(db, what, sql, std::time::Duration::from_secs(5)).await;
+}
+
+/// [`wait_until`] for up to `limit`.
+pub async fn wait_until_for(
+    db: &tokio_postgres::Client,
+    what: &str,
+    sql: &str,
+    limit: std::time::Duration,
+) {
+    let until = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < until {
         if db.query_one(sql, &[]).await.unwrap().get::<_, bool>(0) {
             return;
         }

@@ -59,6 +59,9 @@ pub struct Quotas {
     /// Unread messages one sender may hold in one inbox: no single sender
     /// can fill an inbox for everyone else.
     pub unread_per_sender: i32,
+    /// Webhook deliveries pending per agent, at most: beyond, one "mail
+    /// waits" delivery stands for the rest (at least 1).
+    pub webhook_backlog: i32,
 }
 
 impl Write for MailWrite {
@@ -137,6 +140,7 @@ impl Write for MailWrite {
                     &q.new_recipients_per_day,
                     &q.unread_max,
                     &q.unread_per_sender,
+                    &q.webhook_backlog,
                 ],
             )
             .await

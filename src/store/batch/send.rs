@@ -121,7 +121,9 @@ pub(super) static NOTIFY_SQL: std::sync::LazyLock<String> = std::sync::LazyLock:
 /// `verdict` the quotas, for the sends the policy let through (several
 /// sends of one sender in the batch count in order); `inserted` what was
 /// stored; `refusals` logs the rest; `hooked` queues a webhook delivery for
-/// each message to a recipient with a webhook (nothing for the others). Each lookup is a LATERAL subquery with
+/// each message to a recipient with a webhook (nothing for the others), up
+/// to `$22` pending per recipient; beyond, one "mail waits" summary stands
+/// for the rest (at most one pending: the unique index ignores the others). Each lookup is a LATERAL subquery with
 /// OFFSET 0, so it stays one index probe per send whatever the planner
 /// thinks of the arrays; quota work that is off does not run (one-time
 /// filters on the parameters). Indexes: token, names, `contacts` and
@@ -281,9 +283,14 @@ pub(super) fn sends() -> String {
         ON CONFLICT (sender_id, recipient_id, reason, hour) WHERE hour IS NOT NULL
         DO UPDATE SET hits = x.hits + excluded.hits, at = now()),
     hooked AS (
-        INSERT INTO webhook_deliveries (agent_id, message_id)
-        SELECT i.recipient_id, i.id FROM inserted i
+        INSERT INTO webhook_deliveries (agent_id, message_id, summary)
+        SELECT i.recipient_id, i.id, (
+                   SELECT count(*) FROM (
+                       SELECT 1 FROM webhook_deliveries d
+                       WHERE d.agent_id = i.recipient_id AND d.state = 'pending' LIMIT $22::int) x) >= $22::int
+        FROM inserted i
         WHERE i.recipient_id IN (SELECT recipient_id FROM resolved WHERE hooked)
+        ON CONFLICT (agent_id) WHERE summary AND state = 'pending' DO NOTHING
         RETURNING agent_id)"
     )
 }
