@@ -368,10 +368,24 @@ async fn suspension_by_the_operator_holds_on_every_replica() {
         assert!(err.starts_with("invalid token"), "{err}");
         let err = tool_err(c, "phone_inbox", abuser.with(json!({}))).await;
         assert!(err.starts_with("invalid token"), "{err}");
+        // Nor can it rewrite its directory entry.
+        let err = tool_err(
+            c,
+            "phone_register",
+            abuser.with(json!({"description": "totally legit", "project": "p"})),
+        )
+        .await;
+        assert!(err.contains("token"), "{err}");
         refused(&send(c, &victim, "abuser", "stop it").await);
         let found = ok(c, "phone_search", json!({"query": "spam"})).await;
         assert_eq!(found["agents"], json!([]), "{found}");
     }
+    assert_eq!(
+        one.count("SELECT count(*) FROM agents WHERE description = 'totally legit'")
+            .await,
+        0,
+        "a suspended agent rewrote its entry"
+    );
     // Its history stays.
     let got = ok(&c2, "phone_inbox", victim.with(json!({}))).await;
     assert_eq!(got["messages"][0]["body"], "spam");

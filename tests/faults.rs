@@ -241,3 +241,50 @@ async fn the_name_reservation_holds_when_register_races_unregister() {
     );
     app.stop().await;
 }
+
+/// A replica that starts while another holds the migrations (here a
+/// session holding their advisory lock for 12 s) waits for them as long as
+/// PHONE_MIGRATION_TIMEOUT_SECS allows, then starts; a wait longer than
+/// that fails with words that name the setting.
+#[tokio::test]
+async fn a_replica_waits_for_another_replicas_long_migration() {
+    const MIGRATION_LOCK_KEY: i64 = 0x7068_6f6e_655f_6d69;
+    let url = fresh_database().await;
+    let holder = connect(&url).await;
+    holder
+        .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK_KEY])
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_secs(12)).await;
+        holder
+            .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK_KEY])
+            .await
+            .unwrap();
+        holder
+    });
+    let app = spawn_app_on(&url, &[("PHONE_MIGRATION_TIMEOUT_SECS", "60")]).await;
+    assert!(
+        started.elapsed() >= std::time::Duration::from_secs(11),
+        "it started before the other replica's migrations ended"
+    );
+    let c = app.client().await;
+    register(&c, "after", "started after the wait", "p").await;
+    app.stop().await;
+
+    // Past the setting: a clear failure, not a crash loop of unclear errors.
+    let holder = release.await.unwrap();
+    holder
+        .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK_KEY])
+        .await
+        .unwrap();
+    let config = test_config(&url, &[("PHONE_MIGRATION_TIMEOUT_SECS", "2")]);
+    let err = phone::store::migrate_with(&config.store)
+        .await
+        .expect_err("the wait is bounded");
+    assert!(
+        err.to_string().contains("PHONE_MIGRATION_TIMEOUT_SECS=2"),
+        "{err}"
+    );
+}

@@ -46,6 +46,15 @@ impl ClientAddressFrom {
             .get::<ConnectInfo<SocketAddr>>()
             .map(|info| info.0.ip());
         let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
+        // A header the client sent itself may come first: the edge appends
+        // (or sets) its own line last, so repeated lines resolve to it.
+        let last_line = |name: &str| {
+            req.headers()
+                .get_all(name)
+                .iter()
+                .next_back()
+                .and_then(|v| v.to_str().ok())
+        };
         let proxied = match self {
             Self::Peer => {
                 if PROXY_HEADERS.iter().any(|h| header(h).is_some())
@@ -60,10 +69,10 @@ impl ClientAddressFrom {
                 }
                 None
             }
-            Self::ForwardedFor => header("x-forwarded-for")
+            Self::ForwardedFor => last_line("x-forwarded-for")
                 .and_then(|v| v.rsplit(',').next())
                 .and_then(parse_address),
-            Self::Header(name) => header(name.as_str()).and_then(parse_address),
+            Self::Header(name) => last_line(name.as_str()).and_then(parse_address),
         };
         match proxied.or(peer) {
             Some(ip) => bucket(ip),
@@ -107,6 +116,34 @@ pub(super) async fn attach(from: ClientAddressFrom, mut req: Request, next: Next
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn request(lines: &[(&str, &str)]) -> Request {
+        let mut builder = http::Request::builder().uri("/mcp");
+        for (name, value) in lines {
+            builder = builder.header(*name, *value);
+        }
+        let mut req = builder.body(axum::body::Body::empty()).unwrap();
+        req.extensions_mut()
+            .insert(ConnectInfo(SocketAddr::from(([10, 0, 0, 9], 4000))));
+        req
+    }
+
+    /// A client that sends the header itself cannot choose its bucket: of
+    /// repeated lines, the edge's own (the last) counts.
+    #[test]
+    fn repeated_proxy_headers_resolve_to_the_edges_line() {
+        let real_ip = ClientAddressFrom::Header(http::HeaderName::from_static("x-real-ip"));
+        let req = request(&[("x-real-ip", "198.51.100.1"), ("x-real-ip", "203.0.113.7")]);
+        assert_eq!(real_ip.address(&req), "203.0.113.7");
+        let req = request(&[
+            ("x-forwarded-for", "198.51.100.1, 198.51.100.2"),
+            ("x-forwarded-for", "203.0.113.8"),
+        ]);
+        assert_eq!(ClientAddressFrom::ForwardedFor.address(&req), "203.0.113.8");
+        let req = request(&[("x-forwarded-for", "198.51.100.1, 203.0.113.9")]);
+        assert_eq!(ClientAddressFrom::ForwardedFor.address(&req), "203.0.113.9");
+        assert_eq!(ClientAddressFrom::Peer.address(&request(&[])), "10.0.0.9");
+    }
 
     #[test]
     fn ipv6_clients_share_their_64_and_ipv4_stays_whole() {

@@ -93,10 +93,11 @@ pub async fn name_status(
 }
 
 /// Updates the entry of `$1` (name) held by the token digest `$2`: `$3`
-/// description, `$4` project. Index: `agents_active_name_idx`.
+/// description, `$4` project. A suspended agent's token works nowhere, so
+/// it cannot rewrite its entry either. Index: `agents_active_name_idx`.
 const UPDATE_ENTRY: &str = "UPDATE agents
      SET description = $3, project = $4, updated_at = now(), last_seen_at = now()
-     WHERE name = $1 AND token_hash = $2 AND unregistered_at IS NULL
+     WHERE name = $1 AND token_hash = $2 AND unregistered_at IS NULL AND suspended_at IS NULL
      RETURNING id";
 
 /// Whether the entry was updated (the token is that name's).

@@ -95,8 +95,11 @@ pub async fn migrate_with(settings: &Settings) -> Result<(), StoreError> {
     let lock_ms = MIGRATION_LOCK_TIMEOUT
         .min(settings.migration_timeout)
         .as_millis();
+    // Waiting for another replica's migrations may take as long as they
+    // may (PHONE_MIGRATION_TIMEOUT_SECS); only the migrations' own table
+    // locks get the short lock timeout, set once the turn is ours.
     config.options(format!(
-        "-c statement_timeout={statement_ms} -c lock_timeout={lock_ms}"
+        "-c statement_timeout={statement_ms} -c lock_timeout={statement_ms}"
     ));
     let (mut client, connection) = config.connect(tls).await?;
     let driver = tokio::spawn(async move {
@@ -107,6 +110,14 @@ pub async fn migrate_with(settings: &Settings) -> Result<(), StoreError> {
     let locked = client
         .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK_KEY])
         .await;
+    let locked = match locked {
+        Ok(_) => {
+            client
+                .batch_execute(&format!("SET lock_timeout = {lock_ms}"))
+                .await
+        }
+        Err(e) => Err(e),
+    };
     if let Err(e) = locked {
         drop(client);
         let _ = driver.await;
@@ -137,7 +148,15 @@ fn explain(err: StoreError, settings: &Settings, doing: &str) -> StoreError {
         StoreError::Migration(e) => error_chain(e),
         other => error_chain(other),
     };
-    let reason = if text.contains("lock timeout") {
+    let waited = doing.starts_with("waiting");
+    let reason = if waited && (text.contains("lock timeout") || text.contains("statement timeout"))
+    {
+        format!(
+            "{doing}: they took longer than PHONE_MIGRATION_TIMEOUT_SECS={} s; raise it for a \
+             large database, or see the migration's notes on building indexes first",
+            settings.migration_timeout.as_secs()
+        )
+    } else if text.contains("lock timeout") {
         format!(
             "{doing}: a table stayed locked by another session for {} s (a long transaction?); \
              end it and deploy again",
