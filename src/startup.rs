@@ -102,7 +102,9 @@ impl Application {
         // Long polls return at once instead of holding the drain.
         self.stopping.cancel();
         let outcome = serving.await.map_err(std::io::Error::other);
-        self.phone.store().close();
+        // Statements in flight finish, and polls whose callers left give
+        // their mail back, before the pool closes.
+        self.phone.store().close(self.grace).await;
         outcome
     }
 }

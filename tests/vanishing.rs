@@ -225,3 +225,127 @@ async fn a_long_poll_ends_before_its_request_does() {
     assert_eq!(answer["result"]["structuredContent"]["messages"], json!([]));
     app.stop().await;
 }
+
+/// Refuses every give-back (a read message made unread again) while the
+/// flag is on: the give-back fails, as it does when the pool is busy or the
+/// database blinks.
+async fn refuse_give_backs(db: &tokio_postgres::Client) {
+    db.batch_execute(
+        "CREATE TABLE give_backs_refused (on_ boolean NOT NULL);
+         INSERT INTO give_backs_refused VALUES (true);
+         CREATE FUNCTION refuse_give_back() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF (SELECT on_ FROM give_backs_refused) THEN
+                 RAISE EXCEPTION 'give-back refused by the test';
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER refuse_give_back BEFORE UPDATE ON messages FOR EACH ROW
+             WHEN (OLD.read_at IS NOT NULL AND NEW.read_at IS NULL)
+             EXECUTE FUNCTION refuse_give_back();",
+    )
+    .await
+    .unwrap();
+}
+
+/// A give-back that fails (the pool busy, the database blinking) is
+/// retried until it lands: the mail of a caller that left is never lost
+/// to a single failed statement.
+#[tokio::test]
+async fn a_give_back_that_fails_is_retried_until_it_lands() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let bob = register(&c, "bob", "B", "p").await;
+    send_five(&c, &alice, "bob").await;
+    let db = app.db().await;
+    refuse_give_backs(&db).await;
+
+    let lock = app.db().await;
+    lock.batch_execute("BEGIN; LOCK TABLE messages IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let answer = call_giving_up(
+        &app,
+        "phone_inbox",
+        bob.with(json!({"limit": 10})),
+        Duration::from_secs(1),
+    )
+    .await;
+    assert!(answer.is_none(), "{answer:?}");
+    lock.batch_execute("COMMIT").await.unwrap();
+    // The poll committed after its caller left; its give-back fails...
+    wait_until(
+        &db,
+        "the abandoned poll took the mail",
+        "SELECT count(*) = 5 FROM messages WHERE read_at IS NOT NULL",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        app.count("SELECT count(*) FROM messages WHERE read_at IS NULL")
+            .await,
+        0
+    );
+    // ...until it can land.
+    db.batch_execute("UPDATE give_backs_refused SET on_ = false")
+        .await
+        .unwrap();
+    wait_until_for(
+        &db,
+        "the give-back was retried and landed",
+        "SELECT count(*) = 5 FROM messages WHERE read_at IS NULL",
+        Duration::from_secs(10),
+    )
+    .await;
+    app.stop().await;
+}
+
+/// SIGTERM while a read poll runs whose caller already left: the replica
+/// finishes the poll's statement and puts its mail back before it closes
+/// its pool and exits.
+#[tokio::test]
+async fn a_poll_running_at_shutdown_gives_its_mail_back_before_exit() {
+    let url = fresh_database().await;
+    let server = common::process::Process::start(
+        &url,
+        &[("RUST_LOG", "info"), ("PHONE_SHUTDOWN_GRACE_SECS", "10")],
+    )
+    .await;
+    let app = TestApp::external(&server.url);
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let bob = register(&c, "bob", "B", "p").await;
+    send_five(&c, &alice, "bob").await;
+
+    let lock = connect(&url).await;
+    lock.batch_execute("BEGIN; LOCK TABLE messages IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let answer = call_giving_up(
+        &app,
+        "phone_inbox",
+        bob.with(json!({"limit": 10})),
+        Duration::from_secs(1),
+    )
+    .await;
+    assert!(answer.is_none(), "{answer:?}");
+    std::process::Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    // The poll's statement is still held by the lock when the signal comes.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    lock.batch_execute("COMMIT").await.unwrap();
+    let log = server.stop();
+    let db = connect(&url).await;
+    let unread: i64 = db
+        .query_one("SELECT count(*) FROM messages WHERE read_at IS NULL", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        unread, 5,
+        "mail taken for a caller that left was lost: {log}"
+    );
+}

@@ -68,9 +68,6 @@ impl Handover {
 }
 
 fn give_back(store: Store, polled: Polled) {
-    if polled.messages.is_empty() {
-        return;
-    }
-    // Off every request's path; it logs what it could not do.
-    tokio::spawn(async move { store.give_back(&polled).await });
+    // Off every request's path, retried until it lands.
+    store.give_back(polled);
 }

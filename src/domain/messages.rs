@@ -560,7 +560,7 @@ impl Phone {
         let takes = matches!(req.mode, InboxMode::Read | InboxMode::Lease { .. });
         if takes && !polled.messages.is_empty() {
             if call.gone.is_cancelled() {
-                self.store.give_back(&polled).await;
+                self.store.give_back(polled);
                 return Err(PhoneError::CallerGone);
             }
             if let Some(handover) = &call.handover {

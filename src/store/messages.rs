@@ -266,25 +266,48 @@ pub async fn give_back(db: &Client, polled: &Polled) -> Result<Vec<i64>, StoreEr
         .collect())
 }
 
-/// [`give_back`] on a pooled connection, logging the outcome: ids only, so
-/// that an operator can find what stayed read (`include_read` shows it to
-/// its recipient too).
-pub async fn give_back_logged(pool: &super::Pool, polled: &Polled) {
+/// [`give_back`] on a pooled connection, retried with backoff (0.1 s
+/// doubling to 5 s) until it lands: a busy pool or a database that blinked
+/// must not leave read-mode mail marked read for a caller that never got
+/// it. Logs ids only, so that an operator can find what stayed read if the
+/// process ends first (`include_read` shows it to its recipient too).
+pub async fn give_back_until_landed(pool: &super::Pool, polled: &Polled) {
     let taken: Vec<i64> = polled.messages.iter().map(|m| m.id).collect();
-    let outcome = async { give_back(&pool.get().await?, polled).await }.await;
-    match outcome {
-        Ok(back) => tracing::info!(
-            recipient = polled.me_id,
-            put_back = back.len(),
-            taken = taken.len(),
-            "a poll's caller left before its answer; its messages are unread again"
-        ),
-        Err(e) => tracing::error!(
-            error = %e,
-            recipient = polled.me_id,
-            ids = ?taken,
-            "a poll's caller left and its messages could not be put back; they stay read"
-        ),
+    let mut delay = std::time::Duration::from_millis(100);
+    for attempt in 1u32.. {
+        let outcome = async { give_back(&pool.get().await?, polled).await }.await;
+        match outcome {
+            Ok(back) => {
+                tracing::info!(
+                    recipient = polled.me_id,
+                    put_back = back.len(),
+                    taken = taken.len(),
+                    attempt,
+                    "a poll's caller left before its answer; its messages are unread again"
+                );
+                return;
+            }
+            Err(e) if pool.is_closed() => {
+                tracing::error!(
+                    error = %e,
+                    recipient = polled.me_id,
+                    ids = ?taken,
+                    "a poll's caller left and the pool closed before its messages were put back; they stay read"
+                );
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    recipient = polled.me_id,
+                    attempt,
+                    retry_in_ms = delay.as_millis() as u64,
+                    "could not put a poll's messages back yet; retrying"
+                );
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(std::time::Duration::from_secs(5));
+            }
+        }
     }
 }
 

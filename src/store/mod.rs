@@ -90,6 +90,9 @@ pub struct Store {
     mail: batch::Batcher<batch::mail::MailWrite>,
     /// Notified when this replica queued webhook deliveries.
     webhooks_due: Arc<tokio::sync::Notify>,
+    /// Group-commit drains and give-backs: shutdown waits for them before
+    /// the pool closes.
+    tasks: tokio_util::task::TaskTracker,
 }
 
 impl Store {
@@ -107,6 +110,7 @@ impl Store {
         let (listen_config, tls) = pool::connection_config(settings)?;
         tokio::spawn(wakeup.clone().listen(listen_config, tls, stopping));
         let webhooks_due = Arc::new(tokio::sync::Notify::new());
+        let tasks = tokio_util::task::TaskTracker::new();
         let mail = batch::Batcher::new(
             batch::mail::MailWrite {
                 pool: pool.clone(),
@@ -115,9 +119,11 @@ impl Store {
                 wakeup: wakeup.clone(),
                 quotas,
                 webhooks_due: webhooks_due.clone(),
+                tasks: tasks.clone(),
             },
             pool.wait_timeout(),
             pool.status().max_size,
+            tasks.clone(),
         );
         let waiters = Arc::downgrade(&wakeup);
         let waiters: std::sync::Weak<dyn metrics::Waiters> = waiters;
@@ -127,6 +133,7 @@ impl Store {
             wakeup,
             mail,
             webhooks_due,
+            tasks,
         })
     }
 
@@ -172,9 +179,17 @@ impl Store {
         self.mail.poll(poll, gone).await
     }
 
-    /// Puts back what a poll took, when its caller turned out to be gone.
-    pub async fn give_back(&self, polled: &Polled) {
-        messages::give_back_logged(&self.pool, polled).await;
+    /// Puts back what a poll took, when its caller turned out to be gone:
+    /// off the caller's path, retried until it lands (a busy pool, a
+    /// database that blinked), and waited for at shutdown.
+    pub fn give_back(&self, polled: Polled) {
+        if polled.messages.is_empty() {
+            return;
+        }
+        let pool = self.pool.clone();
+        self.tasks.spawn(async move {
+            messages::give_back_until_landed(&pool, &polled).await;
+        });
     }
 
     /// Whether a pooled connection answers a trivial query within a second.
@@ -182,8 +197,20 @@ impl Store {
         pool::ping(&self.pool).await
     }
 
-    /// Stops handing out connections and closes the idle ones.
-    pub fn close(&self) {
+    /// Waits, for up to `within`, for the statements in flight and what
+    /// they leave to do (give-backs of polls whose callers left), then
+    /// stops handing out connections and closes the idle ones.
+    pub async fn close(&self, within: Duration) {
+        self.tasks.close();
+        if tokio::time::timeout(within, self.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::error!(
+                tasks = self.tasks.len(),
+                "shutting down with statements or give-backs still unfinished"
+            );
+        }
         self.pool.close();
     }
 }

@@ -44,6 +44,8 @@ pub(crate) struct MailWrite {
     pub quotas: Quotas,
     /// Nudges this replica's webhook worker when a batch queued deliveries.
     pub webhooks_due: Arc<tokio::sync::Notify>,
+    /// Where give-backs run (see `Store::give_back`).
+    pub tasks: tokio_util::task::TaskTracker,
 }
 
 /// Limits on sending, shared by every replica (0: off).
@@ -212,8 +214,8 @@ impl Write for MailWrite {
             && !polled.messages.is_empty()
         {
             let pool = self.pool.clone();
-            tokio::spawn(async move {
-                crate::store::messages::give_back_logged(&pool, &polled).await;
+            self.tasks.spawn(async move {
+                crate::store::messages::give_back_until_landed(&pool, &polled).await;
             });
         }
     }

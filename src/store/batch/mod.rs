@@ -144,6 +144,9 @@ pub(crate) struct Batcher<W: Write> {
     /// Batches that may run at once when some are stuck: a few, and never
     /// so many that other requests find the pool empty.
     max_in_flight_stalled: usize,
+    /// The drains run here, so that shutdown can wait for the statements in
+    /// flight (and what they leave to do) before the pool closes.
+    tasks: tokio_util::task::TaskTracker,
 }
 
 impl<W: Write> Clone for Batcher<W> {
@@ -154,13 +157,20 @@ impl<W: Write> Clone for Batcher<W> {
             queued: self.queued.clone(),
             max_queue_wait: self.max_queue_wait,
             max_in_flight_stalled: self.max_in_flight_stalled,
+            tasks: self.tasks.clone(),
         }
     }
 }
 
 impl<W: Write> Batcher<W> {
-    /// `max_queue_wait`: the pool timeout; `pool_size`: its connections.
-    pub fn new(writer: W, max_queue_wait: std::time::Duration, pool_size: usize) -> Self {
+    /// `max_queue_wait`: the pool timeout; `pool_size`: its connections;
+    /// `tasks`: where the drains run.
+    pub fn new(
+        writer: W,
+        max_queue_wait: std::time::Duration,
+        pool_size: usize,
+        tasks: tokio_util::task::TaskTracker,
+    ) -> Self {
         Self {
             writer: Arc::new(writer),
             queue: Arc::new(Mutex::new(Queue {
@@ -173,6 +183,7 @@ impl<W: Write> Batcher<W> {
             queued: Arc::default(),
             max_queue_wait,
             max_in_flight_stalled: (pool_size / 2).clamp(1, 4),
+            tasks,
         }
     }
 
@@ -209,7 +220,7 @@ impl<W: Write> Batcher<W> {
             // A task of its own, so a caller that goes away (a closed
             // connection drops its request) cannot abandon the others' work
             // halfway.
-            tokio::spawn(self.clone().drain());
+            self.tasks.spawn(self.clone().drain());
         } else {
             self.queued.notify_one();
             let stalled_after = STALLED_AFTER.min(self.max_queue_wait);
@@ -229,7 +240,7 @@ impl<W: Write> Batcher<W> {
                 stuck
             };
             if unstick {
-                tokio::spawn(self.clone().drain());
+                self.tasks.spawn(self.clone().drain());
             }
         }
         let left_to_wait = self.max_queue_wait.saturating_sub(queued_at.elapsed());
@@ -320,35 +331,33 @@ impl<W: Write> Batcher<W> {
     }
 
     async fn write(&self, batch: Vec<Queued<W>>) {
-        let (items, replies): (Vec<W::Item>, Vec<Reply<W>>) =
-            batch.into_iter().map(|q| (q.item, q.reply)).unzip();
+        let mut items = Vec::with_capacity(batch.len());
+        let mut callers = Vec::with_capacity(batch.len());
+        for q in batch {
+            items.push(q.item);
+            callers.push((q.reply, q.gone));
+        }
         match self.writer.write(&items).await {
             Ok(outcomes) => {
-                for (reply, outcome) in replies.into_iter().zip(outcomes) {
-                    // The caller's request was dropped while the statement
-                    // ran: nobody will read this outcome.
-                    if let Err(Ok(outcome)) = reply.send(Ok(outcome)) {
-                        self.writer.abandoned(outcome);
-                    }
+                for ((reply, gone), outcome) in callers.into_iter().zip(outcomes) {
+                    self.hand_over(reply, &gone, Ok(outcome));
                 }
             }
             // One call the database refuses must not fail the others: run
             // them one by one, so only its own caller gets the error.
             Err(e) if items.len() > 1 && !e.is_unavailable() => {
                 tracing::warn!(error = %e, size = items.len(), "batch refused; running its calls one by one");
-                for (item, reply) in items.into_iter().zip(replies) {
+                for (item, (reply, gone)) in items.into_iter().zip(callers) {
                     let outcome = self
                         .writer
                         .write(std::slice::from_ref(&item))
                         .await
                         .and_then(|mut one| one.pop().ok_or(StoreError::BatchLost));
-                    if let Err(Ok(outcome)) = reply.send(outcome) {
-                        self.writer.abandoned(outcome);
-                    }
+                    self.hand_over(reply, &gone, outcome);
                 }
             }
-            Err(e) if replies.len() == 1 => {
-                if let Some(reply) = replies.into_iter().next() {
+            Err(e) if callers.len() == 1 => {
+                if let Some((reply, _)) = callers.into_iter().next() {
                     let _ = reply.send(Err(e));
                 }
             }
@@ -356,10 +365,33 @@ impl<W: Write> Batcher<W> {
             Err(e) => {
                 tracing::warn!(error = %e, size = items.len(), "batch failed");
                 let reason = e.unavailable_reason();
-                for reply in replies {
+                for (reply, _) in callers {
                     let _ = reply.send(Err(StoreError::Unavailable(reason.clone())));
                 }
             }
+        }
+    }
+
+    /// Hands a call's outcome to its caller. When the caller left while the
+    /// statement ran (it disconnected, or its request was dropped), nobody
+    /// will read the outcome: what can be undone is undone here, in the
+    /// drain, so that shutdown (which waits for the drains) also waits for
+    /// it.
+    fn hand_over(
+        &self,
+        reply: Reply<W>,
+        gone: &CancellationToken,
+        outcome: Result<W::Outcome, StoreError>,
+    ) {
+        let outcome = match outcome {
+            Ok(outcome) if gone.is_cancelled() => {
+                self.writer.abandoned(outcome);
+                Err(StoreError::CallerGone)
+            }
+            other => other,
+        };
+        if let Err(Ok(outcome)) = reply.send(outcome) {
+            self.writer.abandoned(outcome);
         }
     }
 }
@@ -394,7 +426,9 @@ impl<W: Write> Drop for Running<W> {
             restart
         };
         if restart && let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(self.batcher.clone().drain());
+            self.batcher
+                .tasks
+                .spawn_on(self.batcher.clone().drain(), &runtime);
         } else if restart {
             lock(&self.batcher.queue).running -= 1;
         }
@@ -456,6 +490,7 @@ mod tests {
             },
             Duration::from_secs(2),
             2,
+            tokio_util::task::TaskTracker::new(),
         );
         let first = batcher.run(1, CancellationToken::new()).await;
         assert!(matches!(first, Err(StoreError::BatchLost)), "{first:?}");
