@@ -12,7 +12,7 @@ use maud::{DOCTYPE, Markup, html};
 
 use crate::domain::{
     MessageId,
-    console::{InboxPage, ThreadsPage},
+    console::{InboxPage, THREAD_COUNT_MAX, ThreadsPage},
     messages::{Delivery, Message, Outbox, Thread},
     search::SearchResult,
 };
@@ -310,8 +310,18 @@ pub fn threads(chrome: &Chrome<'_>, data: &ThreadsPage) -> Markup {
                                 span.from { "with " bdi { (t.with) } }
                                 span.subject { bdi { (t.subject.as_deref().filter(|s| !s.is_empty()).unwrap_or("(no subject)")) } }
                                 span.meta {
-                                    (count(t.messages as usize, "message"))
-                                    @if t.unread > 0 { ", " strong { (t.unread) " unread" } }
+                                    @if t.messages >= THREAD_COUNT_MAX {
+                                        (t.messages) "+ messages"
+                                    } @else {
+                                        (count(t.messages as usize, "message"))
+                                    }
+                                    @if t.unread > 0 {
+                                        ", " strong {
+                                            (t.unread)
+                                            @if t.unread >= THREAD_COUNT_MAX { "+" }
+                                            " unread"
+                                        }
+                                    }
                                     " · " (when(t.last_at))
                                 }
                             }

@@ -12,7 +12,9 @@ use super::types::{AgentName, InvalidInput, Token, TokenHash};
 use super::{Caller, Credentials, Phone, PhoneError};
 use crate::store::{self, console::SessionOwner};
 
-pub use crate::store::console::{Backlog, Overview, ProjectCount, Received, ThreadSummary};
+pub use crate::store::console::{
+    Backlog, Overview, ProjectCount, Received, THREAD_COUNT_MAX, ThreadSummary,
+};
 
 /// Random bytes in a session secret and in a CSRF token.
 const SECRET_BYTES: usize = 32;
@@ -325,8 +327,11 @@ impl Phone {
     ) -> Result<ThreadsPage, PhoneError> {
         let limit = limit.clamp(1, PAGE_MAX);
         let db = self.store.db().await?;
-        let mut threads = store::console::threads(&db, me.id, before, i64::from(limit) + 1).await?;
-        let older = older_than(&mut threads, limit, |t| t.last_id);
+        let (mut threads, walk_bound) =
+            store::console::threads(&db, me.id, before, i64::from(limit) + 1).await?;
+        // A full page continues after its last thread; a page the bounded
+        // walk cut short continues where the walk stopped.
+        let older = older_than(&mut threads, limit, |t| t.last_id).or(walk_bound);
         Ok(ThreadsPage { threads, older })
     }
 
