@@ -345,7 +345,8 @@ impl Phone {
                 },
                 call.gone.clone(),
             )
-            .await?;
+            .await
+            .map_err(|e| resend_hint(e.into(), key))?;
         let Some(me_id) = outcome.me_id else {
             return Err(self.authentication_error(creds).await);
         };
@@ -719,6 +720,27 @@ fn inbox(polled: store::Polled, mode: InboxMode) -> Option<(i64, Inbox)> {
             unread_remaining: polled.waiting.clamp(0, UNREAD_COUNT_CAP),
         },
     ))
+}
+
+/// A send that fails on an unavailable database may have been stored all
+/// the same (the connection died after the commit, or during a failover
+/// before its answer): say how to retry without sending twice.
+fn resend_hint(err: PhoneError, key: Option<&str>) -> PhoneError {
+    match err {
+        PhoneError::Unavailable(reason) if reason != store::POOL_BUSY => {
+            PhoneError::Unavailable(match key {
+                Some(_) => format!(
+                    "{reason}; the message may have been stored before the failure: retry with the same \
+                     idempotency_key, which stores it once"
+                ),
+                None => format!(
+                    "{reason}; the message may have been stored before the failure: look at phone_outbox \
+                     before sending it again (with an idempotency_key a retry is always safe)"
+                ),
+            })
+        }
+        other => other,
+    }
 }
 
 /// A read-mode poll that loses its database connection may have committed
