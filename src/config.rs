@@ -70,13 +70,15 @@ impl Config {
             .ok_or(ConfigError::Missing("DATABASE_URL"))?;
         // libpq's two forms: a URL, or `host=… port=… dbname=…` (checked
         // in full, hosts and options, by `store` at startup).
-        let url = database_url.starts_with("postgres://") || database_url.starts_with("postgresql://");
+        let url =
+            database_url.starts_with("postgres://") || database_url.starts_with("postgresql://");
         if !url && (database_url.contains("://") || !database_url.contains('=')) {
             return Err(ConfigError::Invalid {
                 name: "DATABASE_URL",
                 value: "<hidden>".into(),
-                reason: "must be a postgres:// (or postgresql://) URL, or a key=value connection string"
-                    .into(),
+                reason:
+                    "must be a postgres:// (or postgresql://) URL, or a key=value connection string"
+                        .into(),
             });
         }
 

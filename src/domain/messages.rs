@@ -420,10 +420,23 @@ impl Phone {
         {
             return Ok(first);
         }
-        let mut subscription = self.store.wakeup().subscribe(me_id);
-        let waiter_id = self.add_waiter(me_id, req.wait).await?;
+        let wakeup = self.store.wakeup().clone();
+        let mut subscription = wakeup.subscribe(me_id);
+        let mut registered = wakeup.connections();
+        let mut waiter_id = self.add_waiter(me_id, req.wait).await?;
         let outcome = async {
             loop {
+                // The listener connected again, perhaps to a new primary
+                // after a failover, where the (unlogged) row is not: without
+                // it senders there would not wake this poll until its end.
+                if wakeup.connections() != registered {
+                    registered = wakeup.connections();
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    let old =
+                        std::mem::replace(&mut waiter_id, self.add_waiter(me_id, left).await?);
+                    let phone = self.clone();
+                    tokio::spawn(async move { phone.remove_waiter(old).await });
+                }
                 // The first round covers mail that arrived before the waiter
                 // row was visible to senders.
                 let latest = match self.poll(creds, req, call).await? {
@@ -483,11 +496,14 @@ impl Phone {
         Fut: std::future::Future<Output = bool>,
     {
         let me = self.authenticate(creds).await?;
-        let mut subscription = self.store.wakeup().subscribe(me.id);
+        let wakeup = self.store.wakeup().clone();
+        let mut subscription = wakeup.subscribe(me.id);
         let mut first = true;
         loop {
             // Senders notify only agents with a live waiter row: renew it
-            // before it expires.
+            // before it expires, and at once when the listener connected
+            // again (perhaps to a new primary, which lacks the unlogged row).
+            let registered = wakeup.connections();
             let waiter_id = self.add_waiter(me.id, WATCH_RENEW).await?;
             let renew_at = (tokio::time::Instant::now() + WATCH_RENEW).min(until);
             // A send may have come between the acknowledgment and the row.
@@ -510,6 +526,11 @@ impl Phone {
                 tokio::select! {
                     changed = subscription.changes.changed() => {
                         if changed.is_err() { break Ok(false); }
+                        if wakeup.connections() != registered {
+                            // Told once the new row is in place.
+                            first = true;
+                            break Ok(true);
+                        }
                         pending = true;
                     }
                     _ = tokio::time::sleep_until(renew_at) => break Ok(renew_at < until),

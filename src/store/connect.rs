@@ -282,7 +282,11 @@ mod tests {
         )
         .parse()
         .unwrap();
-        let connector = Connector::new(&config, Tls::new(super::super::tls::SslMode::Disable, None).unwrap()).unwrap();
+        let connector = Connector::new(
+            &config,
+            Tls::new(super::super::tls::SslMode::Disable, None).unwrap(),
+        )
+        .unwrap();
         let started = std::time::Instant::now();
         let e = connector.connect().await.err().expect("nothing to reach");
         let took = started.elapsed();

@@ -329,7 +329,10 @@ mod tests {
         let e = err("postgres://u@h/db?no_such_option=1");
         assert!(e.contains("no_such_option"), "{e}");
         let e = err("db.example:5432");
-        assert!(e.contains("neither a postgres:// URL nor a key=value"), "{e}");
+        assert!(
+            e.contains("neither a postgres:// URL nor a key=value"),
+            "{e}"
+        );
         let e = err("dbname=phone user=phone");
         assert!(e.contains("names no host"), "{e}");
         // The password never shows in an error.

@@ -104,7 +104,10 @@ impl StoreError {
         match self {
             Self::Unavailable(reason) => reason.clone(),
             _ if self.is_conflict() => "the call conflicted with a concurrent one".into(),
-            Self::Query(e) if e.code().is_some_and(|c| c.code() == READ_ONLY_SQL_TRANSACTION) => {
+            Self::Query(e)
+                if e.code()
+                    .is_some_and(|c| c.code() == READ_ONLY_SQL_TRANSACTION) =>
+            {
                 READ_ONLY.into()
             }
             Self::Query(e)

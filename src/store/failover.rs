@@ -42,8 +42,7 @@ impl Stale {
     /// Whether a connection made at `created` is stale.
     pub fn is_stale(&self, created: Instant) -> bool {
         let before = self.before.load(Ordering::Relaxed);
-        before != 0
-            && (created.saturating_duration_since(self.origin).as_nanos() as u64) < before
+        before != 0 && (created.saturating_duration_since(self.origin).as_nanos() as u64) < before
     }
 }
 

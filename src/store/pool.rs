@@ -35,7 +35,11 @@ impl Pool {
         let object = loop {
             let object = self.0.get().await;
             match object {
-                Ok(o) if self.2.is_stale(deadpool_postgres::Object::metrics(&o).created) => {
+                Ok(o)
+                    if self
+                        .2
+                        .is_stale(deadpool_postgres::Object::metrics(&o).created) =>
+                {
                     drop(deadpool_postgres::Object::take(o));
                 }
                 other => break other,
@@ -282,8 +286,7 @@ impl Client {
     /// A statement without parameters in one round trip (simple protocol),
     /// under the same deadline as the others.
     async fn simple(&self, sql: &str) -> Result<(), StoreError> {
-        let outcome = match tokio::time::timeout(self.deadline, (**self).batch_execute(sql)).await
-        {
+        let outcome = match tokio::time::timeout(self.deadline, (**self).batch_execute(sql)).await {
             Ok(done) => done.map_err(StoreError::from),
             Err(_) => Err(StoreError::Unavailable(STALLED.into())),
         };

@@ -8,7 +8,7 @@ use std::{
     collections::HashMap,
     sync::{
         Arc, Mutex,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::Duration,
 };
@@ -28,6 +28,8 @@ pub struct Wakeup {
     /// local waiters hold it.
     agents: Mutex<HashMap<i64, (watch::Sender<u64>, usize)>>,
     listening: AtomicBool,
+    /// Counts the LISTEN connections made (see [`Wakeup::connections`]).
+    connections: AtomicU64,
 }
 
 /// A local waiter's interest in one agent's mail; unregisters on drop.
@@ -68,6 +70,15 @@ impl Wakeup {
     /// on a slow timer instead.
     pub fn is_listening(&self) -> bool {
         self.listening.load(Ordering::Relaxed)
+    }
+
+    /// How many times the LISTEN connection was (re)made. When it changes,
+    /// a waiter registers its `inbox_waiters` row again: the server it
+    /// registered on may be gone (a failover), and the table is unlogged,
+    /// so neither a promoted standby nor a restarted server has the row, and
+    /// senders there would not know the waiter waits.
+    pub fn connections(&self) -> u64 {
+        self.connections.load(Ordering::Relaxed)
     }
 
     /// Local waiters right now (for metrics and tests).
@@ -139,15 +150,17 @@ impl Wakeup {
     /// server no longer takes writes (a failover: sends commit, and notify,
     /// on the new primary).
     async fn listen_once(&self, connector: &Connector) -> Result<(), ListenError> {
-        let (client, mut connection) = tokio::time::timeout(connector.budget(), connector.connect())
-            .await
-            .map_err(|_| ListenError::Unreachable)??;
+        let (client, mut connection) =
+            tokio::time::timeout(connector.budget(), connector.connect())
+                .await
+                .map_err(|_| ListenError::Unreachable)??;
         let mut messages = stream::poll_fn(move |cx| connection.poll_message(cx));
         // The connection is driven by `messages`: every statement on it
         // completes only while they are polled too.
         let statement = format!("LISTEN {CHANNEL}");
         self.drive(&mut messages, client.batch_execute(&statement), None)
             .await?;
+        self.connections.fetch_add(1, Ordering::Relaxed);
         self.listening.store(true, Ordering::Relaxed);
         self.wake_all();
         tracing::debug!("listening for mail notifications");
