@@ -570,6 +570,86 @@ async fn a_server_that_stops_taking_writes_is_left_and_health_says_so() {
     app.stop().await;
 }
 
+/// `/health` asks the very thing a send needs: that a transaction can
+/// commit on the server reached. Two ways a server answers queries and yet
+/// takes no writes: read-only (with `target_session_attrs=any` the pool
+/// keeps connecting to it, as to a demoted primary named alone), and a
+/// synchronous standby that never confirms (every commit waits). Both are
+/// 503, and 200 again as soon as writes commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_is_503_while_writes_cannot_commit() {
+    let node = Node::primary().await;
+    let url = format!("{}?target_session_attrs=any", node.url("phone"));
+    let app = spawn_app_on(&url, &[("PHONE_STATEMENT_TIMEOUT_MS", "1000")]).await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    assert_eq!(health(&app).await.0, 200);
+    let admin = connect(&node.url("postgres")).await;
+    let set = async |sql: &str| {
+        admin.batch_execute(sql).await.unwrap();
+        admin
+            .batch_execute("SELECT pg_reload_conf()")
+            .await
+            .unwrap();
+    };
+
+    set("ALTER SYSTEM SET default_transaction_read_only = on").await;
+    // A send meets PostgreSQL's refusal (25006) on a connection of its own:
+    // a failover to retry, not an internal error.
+    let r = call(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "alice", "body": "ro", "idempotency_key": "ro1"})),
+    )
+    .await;
+    let why = text(&r);
+    assert!(
+        why.contains("temporarily unavailable")
+            && why.contains("read-only")
+            && why.contains("retry with the same idempotency_key"),
+        "{why}"
+    );
+    health_until(&app, Duration::from_secs(3), |s, b| {
+        s == 503 && b["database"] == "read_only"
+    })
+    .await;
+    set("ALTER SYSTEM RESET default_transaction_read_only").await;
+    health_until(&app, Duration::from_secs(5), |s, _| s == 200).await;
+
+    // Commits wait for a standby that does not exist.
+    set("ALTER SYSTEM SET synchronous_standby_names = 'nobody'").await;
+    let took = health_until(&app, Duration::from_secs(3), |s, b| {
+        s == 503 && b["database"] == "timed_out"
+    })
+    .await;
+    eprintln!("commits hang: /health 503 after {took:?}");
+    let r = call(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "alice", "body": "stuck", "idempotency_key": "s1"})),
+    )
+    .await;
+    assert!(text(&r).contains("temporarily unavailable"), "{}", text(&r));
+    set("ALTER SYSTEM RESET synchronous_standby_names").await;
+    health_until(&app, Duration::from_secs(5), |s, _| s == 200).await;
+    // The send that timed out had committed locally and is released now:
+    // its retry is a replay, not a second message.
+    let again = ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "alice", "body": "stuck", "idempotency_key": "s1"})),
+    )
+    .await;
+    let stored: i64 = connect(&node.url("phone"))
+        .await
+        .query_one("SELECT count(*) FROM messages WHERE body = 'stuck'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(stored, 1, "{again}");
+    app.stop().await;
+}
+
 /// A long poll waits on its `inbox_waiters` row, which is unlogged: a
 /// standby promoted by a failover, or a server restarted after a crash, has
 /// none. When the replica's LISTEN connection comes back (as it does after

@@ -15,7 +15,7 @@ use serde_json::json;
 
 use crate::{
     domain::Phone,
-    store::{POOL_BUSY, READ_ONLY, StoreError},
+    store::{POOL_BUSY, READ_ONLY, STALLED, StoreError},
 };
 
 /// 200 when a pooled connection's server takes writes within a second (a
@@ -40,11 +40,13 @@ pub(super) async fn health(State(phone): State<Phone>) -> impl IntoResponse {
             tracing::warn!("health check: the database does not take writes");
             "read_only"
         }
-        Ok(Err(e)) => {
+        Ok(Err(e)) if !matches!(&e, StoreError::Unavailable(r) if r == STALLED) => {
             tracing::warn!(error = %e, "health check: database unreachable");
             "unreachable"
         }
-        Err(_) => {
+        // No answer: a stalled path, or a commit waiting for a synchronous
+        // standby that does not confirm.
+        _ => {
             tracing::warn!("health check: the database did not answer within 1 s");
             "timed_out"
         }

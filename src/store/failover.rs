@@ -47,19 +47,30 @@ impl Stale {
 }
 
 /// One statement, one round trip: whether the server takes writes now. A
-/// standby, or a server made read-only, answers false; otherwise a
-/// transaction id is assigned, so that the commit is a real one that waits
-/// for the synchronous standby as every send's does: a primary whose
-/// writes hang answers late, not "ok". (CASE evaluates `txid_current()`
-/// only on a server that can assign one.)
+/// standby, or a server made read-only, answers false. Otherwise it writes
+/// a tiny transactional WAL record (a logical decoding message, prefix
+/// `phone.health`, which no table sees), so that the commit is a real one
+/// that waits for the synchronous standby as every send's does: a primary
+/// whose commits hang answers late, not "ok". (A transaction that only
+/// takes an id, `txid_current()`, writes no WAL and does not wait. CASE
+/// runs the write only on a server that can take it.)
 pub const WRITABLE_SQL: &str = "SELECT CASE
      WHEN pg_is_in_recovery() OR current_setting('transaction_read_only')::bool THEN false
-     ELSE txid_current() IS NOT NULL END";
+     ELSE pg_logical_emit_message(true, 'phone.health', '') IS NOT NULL END";
+
+/// The same without the write, for a role that may not emit WAL messages
+/// (a managed service that revoked the function): a hung commit goes
+/// unnoticed then, a standby or a read-only server does not.
+pub const WRITABLE_SQL_NO_WAL: &str = "SELECT NOT (pg_is_in_recovery()
+     OR current_setting('transaction_read_only')::bool)";
+
+/// Set once the server refused `WRITABLE_SQL`'s function.
+pub static NO_WAL_MESSAGES: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
 
 /// Whether this replica's LISTEN connection is still on a server that takes
 /// writes (notifications are sent where sends commit).
-pub const PRIMARY_SQL: &str =
-    "SELECT NOT (pg_is_in_recovery() OR current_setting('transaction_read_only')::bool)";
+pub const PRIMARY_SQL: &str = WRITABLE_SQL_NO_WAL;
 
 #[cfg(test)]
 mod tests {

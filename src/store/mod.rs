@@ -44,7 +44,7 @@ pub use batch::{
     poll::{Lease, QueuedPoll},
     send::{QueuedSend, SendOutcome, Stored},
 };
-pub use error::{POOL_BUSY, READ_ONLY, StoreError};
+pub use error::{POOL_BUSY, READ_ONLY, STALLED, StoreError};
 pub use messages::Polled;
 pub use migrate::{migrate, migrate_with, wait_for_database};
 pub use pool::{Client, Pool};

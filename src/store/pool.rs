@@ -12,7 +12,7 @@ use tokio_postgres::{Row, Statement, types::ToSql};
 
 use super::connect::Connector;
 use super::error::{READ_ONLY, STALLED};
-use super::failover::{Stale, WRITABLE_SQL};
+use super::failover::{NO_WAL_MESSAGES, Stale, WRITABLE_SQL, WRITABLE_SQL_NO_WAL};
 use super::tls::Tls;
 use super::{Settings, StoreError};
 use crate::telemetry::metrics;
@@ -504,22 +504,44 @@ pub fn connect(config: &Settings) -> Result<Pool, StoreError> {
 /// (`failover::WRITABLE_SQL`, one round trip). A server that does not, or
 /// does not answer, also retires the pool's connections to it.
 pub async fn ping(pool: &Pool) -> Result<(), StoreError> {
+    use std::sync::atomic::Ordering::Relaxed;
     let client = pool.get().await?;
-    let answer = tokio::time::timeout(Duration::from_secs(1), client.simple_query(WRITABLE_SQL));
-    let outcome = match answer.await {
-        Ok(Ok(messages)) => {
-            let writable = messages.iter().find_map(|m| match m {
-                tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0),
-                _ => None,
-            });
-            if writable == Some("t") {
-                Ok(())
-            } else {
-                Err(StoreError::Unavailable(READ_ONLY.into()))
+    let mut sql = if NO_WAL_MESSAGES.load(Relaxed) {
+        WRITABLE_SQL_NO_WAL
+    } else {
+        WRITABLE_SQL
+    };
+    let outcome = loop {
+        let answer = tokio::time::timeout(Duration::from_secs(1), client.simple_query(sql));
+        match answer.await {
+            Ok(Ok(messages)) => {
+                let writable = messages.iter().find_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0),
+                    _ => None,
+                });
+                break if writable == Some("t") {
+                    Ok(())
+                } else {
+                    Err(StoreError::Unavailable(READ_ONLY.into()))
+                };
             }
+            // Not allowed to emit WAL messages here: ask without, from now on.
+            Ok(Err(e))
+                if sql == WRITABLE_SQL
+                    && e.code()
+                        .is_some_and(|c| c.code() == "42501" || c.code() == "42883") =>
+            {
+                NO_WAL_MESSAGES.store(true, Relaxed);
+                tracing::warn!(
+                    error = %super::error::describe(&e),
+                    "health check: pg_logical_emit_message is not allowed; /health notices \
+                     read-only servers, but no longer commits that wait for a synchronous standby"
+                );
+                sql = WRITABLE_SQL_NO_WAL;
+            }
+            Ok(Err(e)) => break Err(StoreError::from(e)),
+            Err(_) => break Err(StoreError::Unavailable(STALLED.into())),
         }
-        Ok(Err(e)) => Err(StoreError::from(e)),
-        Err(_) => Err(StoreError::Unavailable(STALLED.into())),
     };
     if let Err(e) = &outcome {
         client.noticed(e);
