@@ -529,7 +529,7 @@ pub async fn ping(pool: &Pool) -> Result<(), StoreError> {
             Ok(Err(e))
                 if sql == WRITABLE_SQL
                     && e.code()
-                        .is_some_and(|c| c.code() == "42501" || c.code() == "42883") =>
+                        .is_some_and(|c| ["42501", "42883", "0A000"].contains(&c.code())) =>
             {
                 NO_WAL_MESSAGES.store(true, Relaxed);
                 tracing::warn!(
