@@ -163,8 +163,28 @@ fn probe(
         .collect()
 }
 
-/// (label, when the fault began, when the formation was settled again)
+/// (label, when the fault began, when the formation had settled and every
+/// replica's /health said 200 again)
 type Fault = (&'static str, f64, f64);
+
+/// Waits until every replica's `/health` says 200 in one pass; when.
+async fn all_healthy(load: &Load, within: Duration) -> f64 {
+    let started = Instant::now();
+    loop {
+        let mut all = true;
+        for base in &load.bases {
+            all &= harness::health(base).await == Some(200);
+        }
+        if all {
+            return load.now();
+        }
+        assert!(
+            started.elapsed() < within,
+            "some replica's /health not 200 within {within:?} after the formation settled"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
 
 pub async fn failover_under_load() {
     let installed = std::process::Command::new("pg_autoctl")
@@ -223,7 +243,7 @@ pub async fn failover_under_load() {
     faults.push((
         "planned failover (pg_autoctl perform failover)",
         t,
-        load.now(),
+        all_healthy(&load, Duration::from_secs(30)).await,
     ));
     tokio::time::sleep(Duration::from_secs(2)).await;
 
@@ -233,6 +253,7 @@ pub async fn failover_under_load() {
     script(&["kill-postmaster", &node.to_string()]).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     wait_stable(Duration::from_secs(60)).await;
+    let recovered = all_healthy(&load, Duration::from_secs(30)).await;
     let still = primary().await;
     // The keeper restarts it at once; with the monitor's short health
     // checks here the monitor may have failed over meanwhile all the same.
@@ -243,7 +264,7 @@ pub async fn failover_under_load() {
             "kill -9 of the primary's postmaster (the monitor failed over before its keeper restarted it)"
         },
         t,
-        load.now(),
+        recovered,
     ));
     println!("failover: after the postmaster kill, node {still:?} is primary (was {node})");
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -270,7 +291,7 @@ pub async fn failover_under_load() {
     faults.push((
         "kill -9 of the primary's keeper and postmaster (node gone)",
         t,
-        load.now(),
+        all_healthy(&load, Duration::from_secs(30)).await,
     ));
     println!(
         "failover: node {node} gone at {t:.2}; the monitor promoted the other at {promoted:.2}"
@@ -310,24 +331,42 @@ pub async fn failover_under_load() {
 
     let mut recoveries = Vec::new();
     let mut notes = Vec::new();
-    for (label, t, settled) in &faults {
-        let gap = workload::longest_gap(&calls, "phone_send", t - 0.5, *settled);
-        let (kinds, slowest) = failures(&calls, *t, *settled, None);
-        // How long /health said 503 on the replica that said it longest.
+    for (label, t, recovered) in &faults {
+        let gap = workload::longest_gap(&calls, "phone_send", t - 0.5, *recovered);
+        let (kinds, slowest) = failures(&calls, *t, *recovered, None);
+        // How long /health said 503, on the replica that said it longest:
+        // its first and last non-200 answers between the fault and recovery.
         let unhealthy = (0..bases.len())
             .filter_map(|r| {
-                let down = crate::first_health(&samples, r, *t, |s| s != Some(200))?;
-                let up = crate::first_health(&samples, r, down, |s| s == Some(200))?;
-                (down < *settled).then_some(up - down)
+                let bad: Vec<f64> = samples
+                    .iter()
+                    .filter(|(at, i, s)| *i == r && at >= t && at <= recovered && *s != Some(200))
+                    .map(|(at, _, _)| *at)
+                    .collect();
+                Some(bad.last()? - bad.first()?)
             })
             .fold(0.0, f64::max);
+        // When every replica said 200 again after its last 503.
+        let back = (0..bases.len())
+            .filter_map(|r| {
+                let last_bad = samples
+                    .iter()
+                    .filter(|(at, i, s)| *i == r && at >= t && at <= recovered && *s != Some(200))
+                    .map(|(at, _, _)| *at)
+                    .last()?;
+                crate::first_health(&samples, r, last_bad, |s| s == Some(200))
+            })
+            .fold(*t, f64::max)
+            - t;
         println!(
             "failover: {label} at {t:.2}: longest stretch with no acknowledged send {gap:.2} s; \
-             failed calls {} (slowest {slowest:.2} s); /health 503 for ≤ {unhealthy:.2} s; settled at {settled:.2}",
+             failed calls {} (slowest {slowest:.2} s); /health 503 for ≤ {unhealthy:.2} s; \
+             every /health 200 again {back:.2} s after the fault",
             kinds_text(&kinds)
         );
         recoveries.push(format!(
-            "{label}: no acknowledged send for {gap:.2} s at most; /health 503 for ≤ {unhealthy:.1} s"
+            "{label}: no acknowledged send for {gap:.2} s at most; /health 503 for ≤ {unhealthy:.1} s; \
+             all /health 200 {back:.1} s after the fault"
         ));
         notes.push(format!("{label}: calls failed with {}", kinds_text(&kinds)));
     }
