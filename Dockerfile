@@ -76,7 +76,7 @@ ENV PORT=3000 \
 
 EXPOSE 3000
 
-# /health is 200 only while this replica reaches PostgreSQL. Through sh, so that
+# /health is 200 only while this replica can commit on PostgreSQL. Through sh, so that
 # $PORT is read when the check runs (the port the server really listens on).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
     CMD ["sh", "-c", "curl -fsS --max-time 2 -o /dev/null http://127.0.0.1:${PORT:-3000}/health || exit 1"]

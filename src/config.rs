@@ -72,11 +72,17 @@ impl Config {
         let database_url = get("DATABASE_URL")
             .filter(|v| !v.trim().is_empty())
             .ok_or(ConfigError::Missing("DATABASE_URL"))?;
-        if !(database_url.starts_with("postgres://") || database_url.starts_with("postgresql://")) {
+        // libpq's two forms: a URL, or `host=… port=… dbname=…` (checked
+        // in full, hosts and options, by `store` at startup).
+        let url =
+            database_url.starts_with("postgres://") || database_url.starts_with("postgresql://");
+        if !url && (database_url.contains("://") || !database_url.contains('=')) {
             return Err(ConfigError::Invalid {
                 name: "DATABASE_URL",
                 value: "<hidden>".into(),
-                reason: "must start with postgres:// or postgresql://".into(),
+                reason:
+                    "must be a postgres:// (or postgresql://) URL, or a key=value connection string"
+                        .into(),
             });
         }
 

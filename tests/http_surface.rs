@@ -158,6 +158,10 @@ async fn endpoints_around_mcp() {
     assert_eq!(health.status(), StatusCode::OK);
     let body: Value = health.json().await.unwrap();
     assert_eq!(body["status"], "ok");
+    // Liveness: the process serves, whatever the database does.
+    let live = http.get(app.url("/health/live")).send().await.unwrap();
+    assert_eq!(live.status(), StatusCode::OK);
+    assert_eq!(live.json::<Value>().await.unwrap()["status"], "ok");
 
     for path in [
         "/.well-known/oauth-authorization-server",

@@ -344,7 +344,8 @@ impl Phone {
                 },
                 call.gone.clone(),
             )
-            .await?;
+            .await
+            .map_err(|e| resend_hint(e.into(), key))?;
         let Some(me_id) = outcome.me_id else {
             return Err(self.authentication_error(creds).await);
         };
@@ -418,10 +419,23 @@ impl Phone {
         {
             return Ok(first);
         }
-        let mut subscription = self.store.wakeup().subscribe(me_id);
-        let waiter_id = self.add_waiter(me_id, req.wait).await?;
+        let wakeup = self.store.wakeup().clone();
+        let mut subscription = wakeup.subscribe(me_id);
+        let mut registered = wakeup.connections();
+        let mut waiter_id = self.add_waiter(me_id, req.wait).await?;
         let outcome = async {
             loop {
+                // The listener connected again, perhaps to a new primary
+                // after a failover, where the (unlogged) row is not: without
+                // it senders there would not wake this poll until its end.
+                if wakeup.connections() != registered {
+                    registered = wakeup.connections();
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    let old =
+                        std::mem::replace(&mut waiter_id, self.add_waiter(me_id, left).await?);
+                    let phone = self.clone();
+                    tokio::spawn(async move { phone.remove_waiter(old).await });
+                }
                 // The first round covers mail that arrived before the waiter
                 // row was visible to senders.
                 let latest = match self.poll(creds, req, call).await? {
@@ -481,11 +495,14 @@ impl Phone {
         Fut: std::future::Future<Output = bool>,
     {
         let me = self.authenticate(creds).await?;
-        let mut subscription = self.store.wakeup().subscribe(me.id);
+        let wakeup = self.store.wakeup().clone();
+        let mut subscription = wakeup.subscribe(me.id);
         let mut first = true;
         loop {
             // Senders notify only agents with a live waiter row: renew it
-            // before it expires.
+            // before it expires, and at once when the listener connected
+            // again (perhaps to a new primary, which lacks the unlogged row).
+            let registered = wakeup.connections();
             let waiter_id = self.add_waiter(me.id, WATCH_RENEW).await?;
             let renew_at = (tokio::time::Instant::now() + WATCH_RENEW).min(until);
             // A send may have come between the acknowledgment and the row.
@@ -508,6 +525,11 @@ impl Phone {
                 tokio::select! {
                     changed = subscription.changes.changed() => {
                         if changed.is_err() { break Ok(false); }
+                        if wakeup.connections() != registered {
+                            // Told once the new row is in place.
+                            first = true;
+                            break Ok(true);
+                        }
                         pending = true;
                     }
                     _ = tokio::time::sleep_until(renew_at) => break Ok(renew_at < until),
@@ -718,6 +740,27 @@ fn inbox(polled: store::Polled, mode: InboxMode) -> Option<(i64, Inbox)> {
             unread_remaining: polled.waiting.clamp(0, UNREAD_COUNT_CAP),
         },
     ))
+}
+
+/// A send that fails on an unavailable database may have been stored all
+/// the same (the connection died after the commit, or during a failover
+/// before its answer): say how to retry without sending twice.
+fn resend_hint(err: PhoneError, key: Option<&str>) -> PhoneError {
+    match err {
+        PhoneError::Unavailable(reason) if reason != store::POOL_BUSY => {
+            PhoneError::Unavailable(match key {
+                Some(_) => format!(
+                    "{reason}; the message may have been stored before the failure: retry with the same \
+                     idempotency_key, which stores it once"
+                ),
+                None => format!(
+                    "{reason}; the message may have been stored before the failure: look at phone_outbox \
+                     before sending it again (with an idempotency_key a retry is always safe)"
+                ),
+            })
+        }
+        other => other,
+    }
 }
 
 /// A read-mode poll that loses its database connection may have committed

@@ -94,6 +94,7 @@ pub fn router(settings: &Settings, phone: Phone) -> Router {
         .layer(middleware::from_fn(handover::attach));
     let plain = Router::new()
         .route("/health", get(health::health))
+        .route("/health/live", get(health::live))
         // Claude Code probes OAuth discovery; a plain 404 tells it no auth flow exists.
         .route(
             "/.well-known/{*rest}",

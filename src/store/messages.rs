@@ -313,10 +313,17 @@ pub async fn give_back_until_landed(pool: &super::Pool, polled: &Polled) {
 
 /// A long poll's row, so that sends to `$1` notify (see `batch::send`);
 /// also clears that agent's expired rows. `$2` seconds to live.
+///
+/// The id is random rather than the table's identity: the identity's
+/// sequence belongs to an unlogged table, so it is unlogged too, and on a
+/// standby promoted by a failover PostgreSQL 15 cannot read it ("bad magic
+/// number in sequence", SQLSTATE XX000: every long poll failed as an
+/// internal error; tests/failover.rs). Rows live seconds; two of 2^52
+/// values colliding among them is not a concern.
 const ADD_WAITER: &str = "WITH expired AS (
          DELETE FROM inbox_waiters WHERE agent_id = $1 AND expires_at < now())
-     INSERT INTO inbox_waiters (agent_id, expires_at)
-     VALUES ($1, now() + make_interval(secs => $2)) RETURNING id";
+     INSERT INTO inbox_waiters (id, agent_id, expires_at) OVERRIDING SYSTEM VALUE
+     VALUES ((random() * 9.2e18)::bigint, $1, now() + make_interval(secs => $2)) RETURNING id";
 
 pub async fn add_waiter(db: &Client, agent_id: i64, ttl_secs: f64) -> Result<i64, StoreError> {
     let stmt = db.prepare_cached(ADD_WAITER).await?;

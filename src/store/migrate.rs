@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Settings, StoreError, pool, tls::Tls};
+use super::{Settings, StoreError, connect::Connector, pool, tls::Tls};
 use crate::telemetry::error_chain;
 
 mod embedded {
@@ -25,13 +25,14 @@ const MIGRATION_LOCK_TIMEOUT: Duration = Duration::from_secs(10);
 /// verification is not retried: waiting cannot fix it.
 pub async fn wait_for_database(settings: &Settings) -> Result<(), StoreError> {
     let (config, tls) = pool::connection_config(settings)?;
+    let connector = Connector::new(&config, tls)?;
     let started = Instant::now();
     let mut backoff = Duration::from_millis(500);
     let mut attempt = 0u32;
     loop {
         attempt += 1;
         let outcome = async {
-            let (client, connection) = config.connect(tls.clone()).await?;
+            let (client, connection) = connector.connect().await?;
             let driver = tokio::spawn(connection);
             client.simple_query("SELECT 1").await?;
             drop(client);
@@ -101,7 +102,7 @@ pub async fn migrate_with(settings: &Settings) -> Result<(), StoreError> {
     config.options(format!(
         "-c statement_timeout={statement_ms} -c lock_timeout={statement_ms}"
     ));
-    let (mut client, connection) = config.connect(tls).await?;
+    let (mut client, connection) = Connector::new(&config, tls)?.connect().await?;
     let driver = tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::warn!(error = %e, "migration connection ended");

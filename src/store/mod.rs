@@ -10,12 +10,17 @@
 //! - `batch`: group commit, concurrent sends and read polls of this replica
 //!   in one statement and one commit.
 //! - `wakeup`: the LISTEN connection that wakes long polls.
+//! - `database_url`, `connect`, `failover`: every host of an HA PostgreSQL,
+//!   and following its primary.
 
 pub mod admin;
 pub mod agents;
 mod batch;
+mod connect;
 pub mod console;
+mod database_url;
 mod error;
+mod failover;
 pub mod fragments;
 pub mod limits;
 pub mod messages;
@@ -39,7 +44,7 @@ pub use batch::{
     poll::{Lease, QueuedPoll},
     send::{QueuedSend, SendOutcome, Stored},
 };
-pub use error::{POOL_BUSY, StoreError};
+pub use error::{POOL_BUSY, READ_ONLY, STALLED, StoreError};
 pub use messages::Polled;
 pub use migrate::{migrate, migrate_with, wait_for_database};
 pub use pool::{Client, Pool};
@@ -108,7 +113,8 @@ impl Store {
         let pool = pool::connect(settings)?;
         let wakeup = Arc::new(Wakeup::default());
         let (listen_config, tls) = pool::connection_config(settings)?;
-        tokio::spawn(wakeup.clone().listen(listen_config, tls, stopping));
+        let listen = connect::Connector::new(&listen_config, tls)?;
+        tokio::spawn(wakeup.clone().listen(listen, stopping));
         let webhooks_due = Arc::new(tokio::sync::Notify::new());
         let tasks = tokio_util::task::TaskTracker::new();
         let mail = batch::Batcher::new(
@@ -192,7 +198,7 @@ impl Store {
         });
     }
 
-    /// Whether a pooled connection answers a trivial query within a second.
+    /// Whether a pooled connection's server takes writes, within a second.
     pub async fn ping(&self) -> Result<(), StoreError> {
         pool::ping(&self.pool).await
     }

@@ -3,20 +3,24 @@
 
 use std::{
     ops::{Deref, DerefMut},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use deadpool_postgres::{Manager, ManagerConfig, PoolError, RecyclingMethod, Runtime, Timeouts};
 use tokio_postgres::{Row, Statement, types::ToSql};
 
-use super::tls::{self, Tls};
+use super::connect::Connector;
+use super::error::{READ_ONLY, STALLED};
+use super::failover::{NO_WAL_MESSAGES, Stale, WRITABLE_SQL, WRITABLE_SQL_NO_WAL};
+use super::tls::Tls;
 use super::{Settings, StoreError};
 use crate::telemetry::metrics;
 
 /// The connection pool. Derefs to deadpool's pool (status, close, …);
 /// `get` hands out a [`Client`] whose statements are traced and timed.
 #[derive(Clone)]
-pub struct Pool(deadpool_postgres::Pool, Duration);
+pub struct Pool(deadpool_postgres::Pool, Duration, Arc<Stale>);
 
 impl Pool {
     /// How long a caller waits for a connection before hearing "busy".
@@ -24,16 +28,30 @@ impl Pool {
         self.0.timeouts().wait.unwrap_or(Duration::from_secs(2))
     }
 
-    /// A pooled connection; waits at most the pool timeout.
+    /// A pooled connection; waits at most the pool timeout. Connections
+    /// made before a failover was noticed are closed, not handed out.
     pub async fn get(&self) -> Result<Client, PoolError> {
         let started = Instant::now();
-        let client = self.0.get().await;
+        let object = loop {
+            let object = self.0.get().await;
+            match object {
+                Ok(o)
+                    if self
+                        .2
+                        .is_stale(deadpool_postgres::Object::metrics(&o).created) =>
+                {
+                    drop(deadpool_postgres::Object::take(o));
+                }
+                other => break other,
+            }
+        };
         metrics::pool_wait(started.elapsed());
         Ok(Client {
-            object: Some(client?),
+            object: Some(object?),
             deadline: self.1,
-            stalled: Default::default(),
+            discard: Default::default(),
             transaction: Default::default(),
+            stale: self.2.clone(),
         })
     }
 }
@@ -55,11 +73,15 @@ impl Deref for Pool {
 /// server's `statement_timeout`): a database or network that stalls without
 /// closing anything cannot hold a request until its HTTP timeout. A
 /// connection whose statement missed the deadline is in an unknown state, so
-/// it is closed instead of going back to the pool.
+/// it is closed instead of going back to the pool; so is one whose server
+/// turned out not to be the primary (`failover.rs`).
 pub struct Client {
     object: Option<deadpool_postgres::Object>,
     deadline: Duration,
-    stalled: std::sync::atomic::AtomicBool,
+    /// Closed on drop rather than returned to the pool.
+    discard: std::sync::atomic::AtomicBool,
+    /// The pool's record of when its connections went stale.
+    stale: Arc<Stale>,
     /// Inside `BEGIN` … `COMMIT`: a failed statement aborts the whole
     /// transaction, so it is not retried alone.
     transaction: std::sync::atomic::AtomicBool,
@@ -82,7 +104,7 @@ impl Drop for Client {
     fn drop(&mut self) {
         // A connection left inside a transaction (its future dropped
         // between BEGIN and COMMIT) must not serve anyone else.
-        if (*self.stalled.get_mut() || *self.transaction.get_mut())
+        if (*self.discard.get_mut() || *self.transaction.get_mut())
             && let Some(object) = self.object.take()
         {
             // Detached from the pool; dropping it closes the connection.
@@ -183,14 +205,7 @@ macro_rules! traced {
             };
             let outcome = match tokio::time::timeout($self.deadline, call.instrument(span.clone())).await {
                 Ok(outcome) => outcome.map_err(StoreError::from),
-                Err(_) => {
-                    $self
-                        .stalled
-                        .store(true, std::sync::atomic::Ordering::Relaxed);
-                    Err(StoreError::Unavailable(
-                        "the database did not answer in time".into(),
-                    ))
-                }
+                Err(_) => Err(StoreError::Unavailable(STALLED.into())),
             };
             // A statement of its own transaction that lost a deadlock or a
             // serialization conflict was rolled back whole: running it again
@@ -203,6 +218,7 @@ macro_rules! traced {
             }
         };
         if let Err(e) = &outcome {
+            $self.noticed(e);
             span.record("otel.status_code", "error");
             let kind = match e {
                 StoreError::Query(e) => e.code().map_or("connection", |c| c.code()),
@@ -221,6 +237,26 @@ macro_rules! traced {
 impl Client {
     fn in_transaction(&self) -> bool {
         self.transaction.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Reacts to a failed statement: a connection whose server is not the
+    /// primary, or is gone, is closed, and so is every older one of the
+    /// pool (they reached the same server). Logged once per connection.
+    fn noticed(&self, e: &StoreError) {
+        if !e.is_wrong_server() {
+            return;
+        }
+        if !self
+            .discard
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::warn!(error = %e, "database connection lost or not on the primary; reconnecting");
+        }
+        self.stale.mark();
+        if let Some(pool) = deadpool_postgres::Object::pool(self) {
+            let stale = self.stale.clone();
+            pool.retain(|_, metrics| !stale.is_stale(metrics.created));
+        }
     }
 
     /// Runs `work` between `BEGIN` and `COMMIT` (`ROLLBACK` when it fails).
@@ -251,31 +287,25 @@ impl Client {
     /// A statement without parameters in one round trip (simple protocol),
     /// under the same deadline as the others.
     async fn simple(&self, sql: &str) -> Result<(), StoreError> {
-        match tokio::time::timeout(self.deadline, (**self).batch_execute(sql)).await {
+        let outcome = match tokio::time::timeout(self.deadline, (**self).batch_execute(sql)).await {
             Ok(done) => done.map_err(StoreError::from),
-            Err(_) => {
-                self.stalled
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
-                Err(StoreError::Unavailable(
-                    "the database did not answer in time".into(),
-                ))
-            }
+            Err(_) => Err(StoreError::Unavailable(STALLED.into())),
+        };
+        if let Err(e) = &outcome {
+            self.noticed(e);
         }
+        outcome
     }
 
     /// Prepares through deadpool's per-connection statement cache.
     pub async fn prepare_cached(&self, sql: &str) -> Result<Prepared, StoreError> {
         let statement =
             match tokio::time::timeout(self.deadline, (**self).prepare_cached(sql)).await {
-                Ok(prepared) => prepared?,
-                Err(_) => {
-                    self.stalled
-                        .store(true, std::sync::atomic::Ordering::Relaxed);
-                    return Err(StoreError::Unavailable(
-                        "the database did not answer in time".into(),
-                    ));
-                }
-            };
+                Ok(Ok(prepared)) => Ok(prepared),
+                Ok(Err(e)) => Err(StoreError::from(e)),
+                Err(_) => Err(StoreError::Unavailable(STALLED.into())),
+            }
+            .inspect_err(|e| self.noticed(e))?;
         let sql = (db_spans_enabled() || metrics::enabled()).then(|| sql.into());
         Ok(Prepared { statement, sql })
     }
@@ -403,9 +433,13 @@ fn collapse_whitespace(sql: &str) -> String {
 pub(super) fn connection_config(
     config: &Settings,
 ) -> Result<(tokio_postgres::Config, Tls), StoreError> {
-    let (mut pg, tls) = tls::parse(&config.database_url)?;
+    let (mut pg, tls) = super::database_url::parse(&config.database_url)?;
     pg.application_name("phone");
-    pg.connect_timeout(config.pool_timeout.max(Duration::from_secs(1)));
+    // Per host (`connect.rs`), unless DATABASE_URL says (libpq's
+    // `connect_timeout`; 0 or absent: this default, never "forever").
+    if pg.get_connect_timeout().is_none() {
+        pg.connect_timeout(config.pool_timeout.max(Duration::from_secs(1)));
+    }
     // Closing a socket to a dead server must not take the kernel's minutes.
     pg.keepalives_idle(Duration::from_secs(10));
     pg.keepalives_interval(Duration::from_secs(2));
@@ -432,11 +466,16 @@ pub fn connect(config: &Settings) -> Result<Pool, StoreError> {
     pg.options(format!(
         "-c statement_timeout={limit_ms} -c lock_timeout={limit_ms} -c jit=off -c enable_seqscan=off"
     ));
-    let manager = Manager::from_config(
+    let connector = Connector::new(&pg, tls)?;
+    // Time to try every host once (a silent one costs its connect timeout).
+    let create = connector.budget().max(config.pool_timeout);
+    let manager = Manager::from_connect(
         pg,
-        tls,
+        connector,
         // A closed connection is noticed by the client itself (its socket task
-        // ends), so checking `is_closed` is enough after a database restart.
+        // ends), so checking `is_closed` is enough after a database restart;
+        // one on a server that stopped taking writes is dropped when a
+        // statement finds out (`Client::noticed`), without a check per use.
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },
@@ -446,30 +485,69 @@ pub fn connect(config: &Settings) -> Result<Pool, StoreError> {
         .runtime(Runtime::Tokio1)
         .timeouts(Timeouts {
             wait: Some(config.pool_timeout),
-            create: Some(config.pool_timeout),
+            create: Some(create),
             recycle: Some(config.pool_timeout),
         })
         .build()
         // The server cancels a statement at statement_timeout; a second more
         // and the database, or the path to it, is not answering at all.
-        .map(|pool| Pool(pool, config.statement_timeout + Duration::from_secs(1)))
+        .map(|pool| {
+            Pool(
+                pool,
+                config.statement_timeout + Duration::from_secs(1),
+                Arc::default(),
+            )
+        })
         .map_err(|e| StoreError::Config(e.to_string()))
 }
 
-/// True when a pooled connection answers a trivial query.
+/// Ok when a pooled connection's server takes writes now, within a second
+/// (`failover::WRITABLE_SQL`, one round trip). A server that does not, or
+/// does not answer, also retires the pool's connections to it.
 pub async fn ping(pool: &Pool) -> Result<(), StoreError> {
+    use std::sync::atomic::Ordering::Relaxed;
     let client = pool.get().await?;
-    match tokio::time::timeout(Duration::from_secs(1), client.simple_query("SELECT 1")).await {
-        Ok(answer) => answer.map(drop).map_err(StoreError::from),
-        Err(_) => {
-            client
-                .stalled
-                .store(true, std::sync::atomic::Ordering::Relaxed);
-            Err(StoreError::Unavailable(
-                "the database did not answer in time".into(),
-            ))
+    let mut sql = if NO_WAL_MESSAGES.load(Relaxed) {
+        WRITABLE_SQL_NO_WAL
+    } else {
+        WRITABLE_SQL
+    };
+    let outcome = loop {
+        let answer = tokio::time::timeout(Duration::from_secs(1), client.simple_query(sql));
+        match answer.await {
+            Ok(Ok(messages)) => {
+                let writable = messages.iter().find_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0),
+                    _ => None,
+                });
+                break if writable == Some("t") {
+                    Ok(())
+                } else {
+                    Err(StoreError::Unavailable(READ_ONLY.into()))
+                };
+            }
+            // Not allowed to emit WAL messages here: ask without, from now on.
+            Ok(Err(e))
+                if sql == WRITABLE_SQL
+                    && e.code()
+                        .is_some_and(|c| ["42501", "42883", "0A000"].contains(&c.code())) =>
+            {
+                NO_WAL_MESSAGES.store(true, Relaxed);
+                tracing::warn!(
+                    error = %super::error::describe(&e),
+                    "health check: pg_logical_emit_message is not allowed; /health notices \
+                     read-only servers, but no longer commits that wait for a synchronous standby"
+                );
+                sql = WRITABLE_SQL_NO_WAL;
+            }
+            Ok(Err(e)) => break Err(StoreError::from(e)),
+            Err(_) => break Err(StoreError::Unavailable(STALLED.into())),
         }
+    };
+    if let Err(e) = &outcome {
+        client.noticed(e);
     }
+    outcome
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! TLS to PostgreSQL, as `DATABASE_URL` asks for it, with rustls, for every
+//! TLS to PostgreSQL, as `DATABASE_URL` asks for it (`database_url.rs`), with rustls, for every
 //! connection of the replica (pool, LISTEN, migrations).
 //!
 //! `sslmode` has libpq's meaning: `disable` (never), `prefer` (the default:
@@ -31,8 +31,6 @@ use rustls::{
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect};
 
-use super::StoreError;
-
 /// How a connection uses TLS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SslMode {
@@ -43,54 +41,6 @@ pub enum SslMode {
     VerifyFull,
 }
 
-/// `DATABASE_URL` taken apart: what tokio-postgres understands, and the TLS
-/// it cannot express (it knows no `verify-*` modes, no `sslrootcert`).
-pub fn parse(database_url: &str) -> Result<(tokio_postgres::Config, Tls), StoreError> {
-    let bad = |reason: String| StoreError::Config(format!("DATABASE_URL: {reason}"));
-    let mut url = url::Url::parse(database_url).map_err(|e| bad(e.to_string()))?;
-    let mut mode = SslMode::Prefer;
-    let mut root_cert: Option<PathBuf> = None;
-    let mut kept: Vec<(String, String)> = Vec::new();
-    for (key, value) in url.query_pairs() {
-        match key.as_ref() {
-            "sslmode" => {
-                mode = match value.as_ref() {
-                    "disable" => SslMode::Disable,
-                    "allow" | "prefer" => SslMode::Prefer,
-                    "require" => SslMode::Require,
-                    "verify-ca" => SslMode::VerifyCa,
-                    "verify-full" => SslMode::VerifyFull,
-                    other => {
-                        return Err(bad(format!(
-                            "sslmode={other:?} is not one of disable, prefer, require, verify-ca, verify-full"
-                        )));
-                    }
-                }
-            }
-            "sslrootcert" => root_cert = Some(PathBuf::from(value.as_ref())),
-            _ => kept.push((key.into_owned(), value.into_owned())),
-        }
-    }
-    if kept.is_empty() {
-        url.set_query(None);
-    } else {
-        url.query_pairs_mut().clear().extend_pairs(kept);
-    }
-    let mut config: tokio_postgres::Config = url
-        .as_str()
-        .parse()
-        .map_err(|e: tokio_postgres::Error| bad(e.to_string()))?;
-    config.ssl_mode(match mode {
-        SslMode::Disable => tokio_postgres::config::SslMode::Disable,
-        SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
-        SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => {
-            tokio_postgres::config::SslMode::Require
-        }
-    });
-    let tls = Tls::new(mode, root_cert.as_ref()).map_err(bad)?;
-    Ok((config, tls))
-}
-
 /// The TLS connector of every connection to PostgreSQL.
 #[derive(Clone)]
 pub struct Tls {
@@ -98,7 +48,8 @@ pub struct Tls {
 }
 
 impl Tls {
-    fn new(mode: SslMode, root_cert: Option<&PathBuf>) -> Result<Self, String> {
+    /// The connector for `mode`, verifying against `root_cert` when given.
+    pub(super) fn new(mode: SslMode, root_cert: Option<&PathBuf>) -> Result<Self, String> {
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         let roots = match (mode, root_cert) {
             (_, Some(path)) => Some(load_roots(path)?),
@@ -357,40 +308,5 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for TlsStream<S> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.0).poll_shutdown(cx)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sslmode_and_sslrootcert_are_taken_out_of_the_url() {
-        let (config, _) =
-            parse("postgres://u:p@db.example:5433/phone?sslmode=require&application_name=x")
-                .unwrap();
-        assert_eq!(
-            config.get_ssl_mode(),
-            tokio_postgres::config::SslMode::Require
-        );
-        assert_eq!(config.get_dbname(), Some("phone"));
-        let err = parse("postgres://u@h/db?sslmode=verify-everything")
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(
-            err.contains("sslmode=\"verify-everything\" is not one of"),
-            "{err}"
-        );
-        let err = parse("postgres://u@h/db?sslmode=verify-full&sslrootcert=/nonexistent.pem")
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(err.contains("sslrootcert=/nonexistent.pem"), "{err}");
-        let (config, _) = parse("postgres://u@h/db").unwrap();
-        assert_eq!(
-            config.get_ssl_mode(),
-            tokio_postgres::config::SslMode::Prefer
-        );
     }
 }

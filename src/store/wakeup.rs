@@ -8,7 +8,7 @@ use std::{
     collections::HashMap,
     sync::{
         Arc, Mutex,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::Duration,
 };
@@ -18,6 +18,8 @@ use tokio::sync::watch;
 use tokio_postgres::AsyncMessage;
 use tokio_util::sync::CancellationToken;
 
+use super::{connect::Connector, failover::PRIMARY_SQL};
+
 pub const CHANNEL: &str = "phone_mail";
 
 #[derive(Default)]
@@ -26,6 +28,8 @@ pub struct Wakeup {
     /// local waiters hold it.
     agents: Mutex<HashMap<i64, (watch::Sender<u64>, usize)>>,
     listening: AtomicBool,
+    /// Counts the LISTEN connections made (see [`Wakeup::connections`]).
+    connections: AtomicU64,
 }
 
 /// A local waiter's interest in one agent's mail; unregisters on drop.
@@ -68,6 +72,15 @@ impl Wakeup {
         self.listening.load(Ordering::Relaxed)
     }
 
+    /// How many times the LISTEN connection was (re)made. When it changes,
+    /// a waiter registers its `inbox_waiters` row again: the server it
+    /// registered on may be gone (a failover), and the table is unlogged,
+    /// so neither a promoted standby nor a restarted server has the row, and
+    /// senders there would not know the waiter waits.
+    pub fn connections(&self) -> u64 {
+        self.connections.load(Ordering::Relaxed)
+    }
+
     /// Local waiters right now (for metrics and tests).
     pub fn waiters(&self) -> usize {
         self.agents
@@ -100,19 +113,16 @@ impl Wakeup {
     /// backoff. The connection has the pool's TCP keepalive and user
     /// timeout, and answers a heartbeat every [`HEARTBEAT`] within
     /// [`HEARTBEAT_TIMEOUT`]: a path that went silent is noticed within
-    /// seconds, not when the kernel gives up. While it is down, every local
+    /// seconds, not when the kernel gives up; the heartbeat also asks
+    /// whether its server still takes writes, so a listener left on a
+    /// demoted primary moves to the new one. While it is down, every local
     /// waiter re-checks on its own timer; after a reconnect every local
     /// waiter re-checks at once, since notifications sent meanwhile were lost.
-    pub async fn listen(
-        self: Arc<Self>,
-        config: tokio_postgres::Config,
-        tls: super::tls::Tls,
-        stop: CancellationToken,
-    ) {
+    pub async fn listen(self: Arc<Self>, connector: Connector, stop: CancellationToken) {
         let mut backoff = Duration::from_millis(200);
         loop {
             let outcome = tokio::select! {
-                outcome = self.listen_once(&config, &tls) => outcome,
+                outcome = self.listen_once(&connector) => outcome,
                 _ = stop.cancelled() => return,
             };
             let was_listening = self.listening.swap(false, Ordering::Relaxed);
@@ -136,19 +146,21 @@ impl Wakeup {
         }
     }
 
-    /// One LISTEN connection, until it fails or closes.
-    async fn listen_once(
-        &self,
-        config: &tokio_postgres::Config,
-        tls: &super::tls::Tls,
-    ) -> Result<(), ListenError> {
-        let (client, mut connection) = config.connect(tls.clone()).await?;
+    /// One LISTEN connection, until it fails, closes, or finds that its
+    /// server no longer takes writes (a failover: sends commit, and notify,
+    /// on the new primary).
+    async fn listen_once(&self, connector: &Connector) -> Result<(), ListenError> {
+        let (client, mut connection) =
+            tokio::time::timeout(connector.budget(), connector.connect())
+                .await
+                .map_err(|_| ListenError::Unreachable)??;
         let mut messages = stream::poll_fn(move |cx| connection.poll_message(cx));
         // The connection is driven by `messages`: every statement on it
         // completes only while they are polled too.
         let statement = format!("LISTEN {CHANNEL}");
         self.drive(&mut messages, client.batch_execute(&statement), None)
             .await?;
+        self.connections.fetch_add(1, Ordering::Relaxed);
         self.listening.store(true, Ordering::Relaxed);
         self.wake_all();
         tracing::debug!("listening for mail notifications");
@@ -162,8 +174,16 @@ impl Wakeup {
                     None => return Ok(()),
                 },
                 _ = heartbeat.tick() => {
-                    self.drive(&mut messages, client.simple_query("SELECT 1"), Some(HEARTBEAT_TIMEOUT))
+                    let answer = self
+                        .drive(&mut messages, client.simple_query(PRIMARY_SQL), Some(HEARTBEAT_TIMEOUT))
                         .await?;
+                    let primary = answer.iter().find_map(|m| match m {
+                        tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0),
+                        _ => None,
+                    });
+                    if primary != Some("t") {
+                        return Err(ListenError::NotPrimary);
+                    }
                 }
             }
         }
@@ -178,13 +198,13 @@ impl Wakeup {
              ),
         statement: impl Future<Output = Result<T, tokio_postgres::Error>>,
         within: Option<Duration>,
-    ) -> Result<(), ListenError> {
+    ) -> Result<T, ListenError> {
         tokio::pin!(statement);
         let deadline = tokio::time::sleep(within.unwrap_or(Duration::from_secs(86_400)));
         tokio::pin!(deadline);
         loop {
             tokio::select! {
-                done = &mut statement => return done.map(drop).map_err(ListenError::from),
+                done = &mut statement => return done.map_err(ListenError::from),
                 msg = messages.next() => match msg {
                     Some(msg) => self.deliver(msg?),
                     None => return Err(ListenError::Closed),
@@ -210,8 +230,12 @@ const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 enum ListenError {
-    #[error(transparent)]
+    #[error("{}", super::error::describe(.0))]
     Database(#[from] tokio_postgres::Error),
+    #[error("no host completed a connection in time")]
+    Unreachable,
+    #[error("its server no longer takes writes (a failover)")]
+    NotPrimary,
     #[error("the connection closed")]
     Closed,
     #[error("no answer to the heartbeat within {HEARTBEAT_TIMEOUT:?}")]

@@ -248,6 +248,7 @@ pub fn route(path: &str) -> &'static str {
     match path {
         "/mcp" | "/mcp/" => "/mcp",
         "/health" => "/health",
+        "/health/live" => "/health/live",
         p if p.starts_with("/.well-known/") => "/.well-known/{*rest}",
         "/console" => "/console",
         p if p.starts_with("/console/assets/") => "/console/assets/{file}",

@@ -15,6 +15,7 @@
 //! `PHONE_CHAOS_STRICT=1` turns them into failures.
 
 mod client;
+mod failover;
 mod harness;
 mod slow;
 mod vanish;
@@ -900,6 +901,15 @@ async fn callers_vanish() {
 #[ignore = "chaos suite: run with `make chaos`"]
 async fn replica_killed_mid_webhook_delivery() {
     webhooks::replica_killed_mid_delivery().await;
+}
+
+// ---------------------------------------------------------------------------
+// 8. The database fails over (pg_auto_failover pair; tests/chaos/failover.rs).
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "chaos suite: run with `make chaos`"]
+async fn database_failover_under_load() {
+    failover::failover_under_load().await;
 }
 
 /// A quick sanity check of the harness itself (also `#[ignore]`d): one

@@ -1,0 +1,819 @@
+//! The database machine fails over (issue 30): `DATABASE_URL` with several
+//! hosts, connections that follow the primary, a `/health` that says when
+//! writes cannot succeed, errors that say what happened.
+//!
+//! Most tests run against private PostgreSQL clusters of their own (a
+//! primary, and a standby made with `pg_basebackup`, promoted by the test),
+//! from the machine's PostgreSQL binaries, in `target/failover-tests/`;
+//! the others against the suite's PostgreSQL (`make test`).
+
+mod common;
+
+use std::{
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use common::*;
+use phone::Application;
+use serde_json::{Value, json};
+use tokio::process::Command;
+
+// ---------------------------------------------------------------------------
+// Private clusters.
+
+fn bindir() -> PathBuf {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .expect("PostgreSQL is installed (scripts/pg.sh installs it)")
+        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+        .filter(|d| d.join("initdb").exists())
+        .collect();
+    dirs.sort();
+    dirs.pop().expect("a PostgreSQL with initdb")
+}
+
+fn is_root() -> bool {
+    std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"))
+}
+
+/// PostgreSQL refuses to run as root: as root, as the `postgres` user.
+async fn pg(tool: &str, args: &[&str]) {
+    let bin = bindir().join(tool);
+    let mut cmd = if is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(bin);
+        c
+    } else {
+        Command::new(bin)
+    };
+    let out = cmd
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{tool}: {e}"));
+    assert!(
+        out.status.success(),
+        "{tool} {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// One PostgreSQL server in a folder of its own (`data/`, `server.log`);
+/// stopped and removed on drop.
+struct Node {
+    root: PathBuf,
+    dir: PathBuf,
+    port: u16,
+}
+
+impl Node {
+    fn folder(label: &str) -> PathBuf {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/failover-tests");
+        let dir = root.join(format!("{label}-{:08x}", rand::random::<u32>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        if is_root() {
+            let _ = std::process::Command::new("chown")
+                .args(["postgres:postgres"])
+                .arg(&dir)
+                .status();
+        }
+        dir
+    }
+
+    /// A new primary, started, with database `phone`.
+    async fn primary() -> Self {
+        let root = Self::folder("primary");
+        let node = Self {
+            dir: root.join("data"),
+            root,
+            port: free_port(),
+        };
+        let dir = node.dir.to_str().unwrap();
+        pg(
+            "initdb",
+            &[
+                "-D",
+                dir,
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C.UTF-8",
+                "-N",
+            ],
+        )
+        .await;
+        node.start(&[]).await;
+        connect(&node.url("postgres"))
+            .await
+            .batch_execute("CREATE DATABASE phone")
+            .await
+            .unwrap();
+        node
+    }
+
+    /// A streaming standby of `primary`, started.
+    async fn standby_of(primary: &Node) -> Self {
+        let root = Self::folder("standby");
+        let node = Self {
+            dir: root.join("data"),
+            root,
+            port: free_port(),
+        };
+        let port = primary.port.to_string();
+        pg(
+            "pg_basebackup",
+            &[
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-U",
+                "postgres",
+                "-D",
+                node.dir.to_str().unwrap(),
+                "-R",
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+            ],
+        )
+        .await;
+        node.start(&[]).await;
+        node
+    }
+
+    async fn start(&self, settings: &[&str]) {
+        let mut options = format!(
+            "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c fsync=off \
+             -c hot_standby=on -c max_connections=60 -c shared_buffers=16MB",
+            self.port
+        );
+        for s in settings {
+            options.push_str(" -c ");
+            options.push_str(s);
+        }
+        let log = self.root.join("server.log");
+        pg(
+            "pg_ctl",
+            &[
+                "-D",
+                self.dir.to_str().unwrap(),
+                "-l",
+                log.to_str().unwrap(),
+                "-o",
+                &options,
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ],
+        )
+        .await;
+    }
+
+    /// `fast`: what a failover does to the old primary (sessions get 57P01);
+    /// `immediate`: a crash.
+    async fn stop(&self, mode: &str) {
+        pg(
+            "pg_ctl",
+            &["-D", self.dir.to_str().unwrap(), "-m", mode, "-w", "stop"],
+        )
+        .await;
+    }
+
+    async fn promote(&self) {
+        pg(
+            "pg_ctl",
+            &["-D", self.dir.to_str().unwrap(), "-w", "promote"],
+        )
+        .await;
+    }
+
+    fn url(&self, db: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let bin = bindir().join("pg_ctl");
+        let mut cmd = if is_root() {
+            let mut c = std::process::Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(bin);
+            c
+        } else {
+            std::process::Command::new(bin)
+        };
+        let _ = cmd
+            .args(["-D", self.dir.to_str().unwrap(), "-m", "immediate", "stop"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+        // Kept, with its log, when the test failed.
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.root);
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+// ---------------------------------------------------------------------------
+// What the server says.
+
+async fn health(app: &TestApp) -> (u16, Value) {
+    let r = reqwest::get(app.url("/health")).await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// Polls `/health` until `want(status, body)`, at most `within`; how long it took.
+async fn health_until(
+    app: &TestApp,
+    within: Duration,
+    want: impl Fn(u16, &Value) -> bool,
+) -> Duration {
+    let started = Instant::now();
+    loop {
+        let (status, body) = health(app).await;
+        if want(status, &body) {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < within,
+            "/health still {status} {body} after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Sends until one is stored, each with the same idempotency key, as a
+/// client told to retry would; the attempts' error texts.
+async fn send_until_stored(
+    c: &Client,
+    from: &Agent,
+    to: &str,
+    body: &str,
+    key: &str,
+    within: Duration,
+) -> (Value, Vec<String>) {
+    let started = Instant::now();
+    let mut errors = Vec::new();
+    loop {
+        let r = call(
+            c,
+            "phone_send",
+            from.with(json!({"to": to, "body": body, "idempotency_key": key})),
+        )
+        .await;
+        if r.is_error != Some(true) {
+            return (r.structured_content.unwrap(), errors);
+        }
+        let why = text(&r);
+        assert!(
+            why.contains("temporarily unavailable") && why.contains("idempotency_key"),
+            "a send during a failover must hear 'retry with the same idempotency_key': {why}"
+        );
+        errors.push(why);
+        assert!(
+            started.elapsed() < within,
+            "no send stored within {within:?}: {errors:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn bodies(inbox: &Value) -> Vec<String> {
+    inbox["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["body"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+
+/// The issue's scene, on a primary and its standby: `DATABASE_URL` names
+/// both, the primary stops as a failover stops it, the standby is promoted.
+/// The server keeps serving from the new primary without a restart; /health
+/// is 503 between and 200 after; a long poll that began before the
+/// failover is woken through the new primary; a send retried with its key
+/// is stored once; and when the old primary comes back read-only at its
+/// address, nothing goes there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_host_url_follows_the_primary_through_a_failover() {
+    let primary = Node::primary().await;
+    let standby = Node::standby_of(&primary).await;
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/phone?connect_timeout=2",
+        primary.port, standby.port
+    );
+    let app = spawn_app_on(&url, &[("PHONE_POOL_TIMEOUT_MS", "1000")]).await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let bob = register(&c, "bob", "B", "p").await;
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "bob", "body": "before", "idempotency_key": "k0"})),
+    )
+    .await;
+    health_until(&app, Duration::from_secs(5), |s, b| {
+        s == 200 && b["notifications"] == "listening"
+    })
+    .await;
+
+    // bob long-polls across the failover, as a client does: a poll that
+    // hears "temporarily unavailable" polls again.
+    assert_eq!(
+        bodies(&ok(&c, "phone_inbox", bob.with(json!({}))).await),
+        ["before"]
+    );
+    let across = {
+        let c = app.client().await;
+        let args = bob.with(json!({"wait_seconds": 25}));
+        tokio::spawn(async move {
+            for _ in 0..200 {
+                let r = call(&c, "phone_inbox", args.clone()).await;
+                if r.is_error == Some(true) {
+                    let why = text(&r);
+                    assert!(why.contains("temporarily unavailable"), "{why}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+                let got = r.structured_content.unwrap();
+                if !bodies(&got).is_empty() {
+                    return (got, Instant::now());
+                }
+            }
+            panic!("bob never got his mail");
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    primary.stop("fast").await;
+    let stopped = Instant::now();
+    let (status, body) = health(&app).await;
+    assert_eq!(status, 503, "/health said ok with no primary: {body}");
+    standby.promote().await;
+    let promoted = Instant::now();
+    let took = health_until(&app, Duration::from_secs(15), |s, b| {
+        s == 200 && b["notifications"] == "listening"
+    })
+    .await;
+    eprintln!(
+        "primary stopped; promoted after {:?}; /health ok and listening {took:?} after the promotion",
+        promoted - stopped
+    );
+
+    let (sent, errors) =
+        send_until_stored(&c, &alice, "bob", "after", "k1", Duration::from_secs(10)).await;
+    let sent_at = Instant::now();
+    eprintln!("send after the failover: {} retries", errors.len());
+    let (got, got_at) = across.await.unwrap();
+    assert_eq!(bodies(&got), ["after"], "{got}");
+    assert!(
+        got_at.saturating_duration_since(sent_at) < Duration::from_secs(5),
+        "the long poll slept through its mail"
+    );
+
+    // A long poll that begins now is woken through the new primary's
+    // notifications (this replica's listener followed it): without them it
+    // would sleep its whole 25 s.
+    let woken = {
+        let c = app.client().await;
+        let args = bob.with(json!({"wait_seconds": 25}));
+        tokio::spawn(async move {
+            let got = ok(&c, "phone_inbox", args).await;
+            (got, Instant::now())
+        })
+    };
+    // (Its first look and waiter row take milliseconds.)
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "bob", "body": "woken", "idempotency_key": "k2"})),
+    )
+    .await;
+    let sent_at = Instant::now();
+    let (got, got_at) = woken.await.unwrap();
+    assert_eq!(bodies(&got), ["woken"]);
+    assert!(
+        got_at - sent_at < Duration::from_secs(5),
+        "woken {:?} after the send",
+        got_at - sent_at
+    );
+    // The retry with the same key is a replay, not a second message.
+    let again = ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "bob", "body": "after", "idempotency_key": "k1"})),
+    )
+    .await;
+    assert_eq!(again["id"], sent["id"]);
+    assert_eq!(again["replayed"], true);
+
+    // The old primary comes back at its address, read-only (as a demoted
+    // primary would, a standby): new connections go past it.
+    primary.start(&["default_transaction_read_only=on"]).await;
+    let probe = connect(&primary.url("postgres")).await;
+    let pool_connections = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'phone'";
+    for i in 0..20 {
+        ok(
+            &c,
+            "phone_send",
+            alice.with(json!({"to": "bob", "body": format!("later {i}")})),
+        )
+        .await;
+    }
+    let on_old: i64 = probe.query_one(pool_connections, &[]).await.unwrap().get(0);
+    assert_eq!(on_old, 0, "connections kept on the read-only old primary");
+    let inbox = ok(&c, "phone_inbox", bob.with(json!({"limit": 50}))).await;
+    assert_eq!(bodies(&inbox).len(), 20);
+    app.stop().await;
+}
+
+/// A server that stops taking writes under open connections (as a primary
+/// made read-only, or a connection left on a demoted one): sends fail with
+/// "temporarily unavailable … retry with the same idempotency_key" (not
+/// "internal error"), /health says 503 `read_only` at once, the pool drops
+/// its connections to it (the LISTEN connection too), and all is well again
+/// as soon as the server takes writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_stops_taking_writes_is_left_and_health_says_so() {
+    let node = Node::primary().await;
+    let app = spawn_app_on(&node.url("phone"), &[]).await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    register(&c, "bob", "B", "p").await;
+    // Several pooled connections, all open.
+    let mut sends = Vec::new();
+    for i in 0..8 {
+        let c = app.client().await;
+        let args = alice.with(json!({"to": "bob", "body": format!("m{i}")}));
+        sends.push(tokio::spawn(
+            async move { ok(&c, "phone_send", args).await },
+        ));
+    }
+    for s in sends {
+        s.await.unwrap();
+    }
+    health_until(&app, Duration::from_secs(5), |s, b| {
+        s == 200 && b["notifications"] == "listening"
+    })
+    .await;
+    let admin = connect(&node.url("postgres")).await;
+    let phone_connections =
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'phone'";
+    let before: i64 = admin
+        .query_one(phone_connections, &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(before >= 2, "pool and listener connected: {before}");
+
+    admin
+        .batch_execute("ALTER SYSTEM SET default_transaction_read_only = on")
+        .await
+        .unwrap();
+    admin
+        .batch_execute("SELECT pg_reload_conf()")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let (status, body) = health(&app).await;
+    assert_eq!(
+        (status, body["database"].as_str()),
+        (503, Some("read_only")),
+        "{body}"
+    );
+    let r = call(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "bob", "body": "refused", "idempotency_key": "r1"})),
+    )
+    .await;
+    let why = text(&r);
+    assert!(
+        why.contains("temporarily unavailable")
+            && why.contains("read-only")
+            && why.contains("retry with the same idempotency_key"),
+        "{why}"
+    );
+    // Every connection to it goes (the listener's within its heartbeat),
+    // and none is made again while it refuses writes.
+    let started = Instant::now();
+    loop {
+        let n: i64 = admin
+            .query_one(phone_connections, &[])
+            .await
+            .unwrap()
+            .get(0);
+        if n == 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(8),
+            "{n} connections still open to a server that takes no writes"
+        );
+        let _ = health(&app).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // What the log says: PostgreSQL's code and words.
+    let e = admin
+        .batch_execute("CREATE TABLE t ()")
+        .await
+        .expect_err("read-only");
+    let said = phone::store::StoreError::from(e).to_string();
+    assert_eq!(
+        said,
+        "database error: SQLSTATE 25006: cannot execute CREATE TABLE in a read-only transaction"
+    );
+
+    admin
+        .batch_execute("ALTER SYSTEM RESET default_transaction_read_only")
+        .await
+        .unwrap();
+    admin
+        .batch_execute("SELECT pg_reload_conf()")
+        .await
+        .unwrap();
+    let took = health_until(&app, Duration::from_secs(10), |s, b| {
+        s == 200 && b["notifications"] == "listening"
+    })
+    .await;
+    eprintln!("writable again: /health ok and listening after {took:?}");
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "bob", "body": "refused", "idempotency_key": "r1"})),
+    )
+    .await;
+    app.stop().await;
+}
+
+/// `/health` asks the very thing a send needs: that a transaction can
+/// commit on the server reached. Two ways a server answers queries and yet
+/// takes no writes: read-only (with `target_session_attrs=any` the pool
+/// keeps connecting to it, as to a demoted primary named alone), and a
+/// synchronous standby that never confirms (every commit waits). Both are
+/// 503, and 200 again as soon as writes commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_is_503_while_writes_cannot_commit() {
+    let node = Node::primary().await;
+    let url = format!("{}?target_session_attrs=any", node.url("phone"));
+    let app = spawn_app_on(&url, &[("PHONE_STATEMENT_TIMEOUT_MS", "1000")]).await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    assert_eq!(health(&app).await.0, 200);
+    let admin = connect(&node.url("postgres")).await;
+    let set = async |sql: &str| {
+        admin.batch_execute(sql).await.unwrap();
+        admin
+            .batch_execute("SELECT pg_reload_conf()")
+            .await
+            .unwrap();
+    };
+
+    set("ALTER SYSTEM SET default_transaction_read_only = on").await;
+    // A send meets PostgreSQL's refusal (25006) on a connection of its own:
+    // a failover to retry, not an internal error.
+    let r = call(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "alice", "body": "ro", "idempotency_key": "ro1"})),
+    )
+    .await;
+    let why = text(&r);
+    assert!(
+        why.contains("temporarily unavailable")
+            && why.contains("read-only")
+            && why.contains("retry with the same idempotency_key"),
+        "{why}"
+    );
+    health_until(&app, Duration::from_secs(3), |s, b| {
+        s == 503 && b["database"] == "read_only"
+    })
+    .await;
+    set("ALTER SYSTEM RESET default_transaction_read_only").await;
+    health_until(&app, Duration::from_secs(5), |s, _| s == 200).await;
+
+    // Commits wait for a standby that does not exist.
+    set("ALTER SYSTEM SET synchronous_standby_names = 'nobody'").await;
+    let took = health_until(&app, Duration::from_secs(3), |s, b| {
+        s == 503 && b["database"] == "timed_out"
+    })
+    .await;
+    eprintln!("commits hang: /health 503 after {took:?}");
+    let r = call(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "alice", "body": "stuck", "idempotency_key": "s1"})),
+    )
+    .await;
+    assert!(text(&r).contains("temporarily unavailable"), "{}", text(&r));
+    set("ALTER SYSTEM RESET synchronous_standby_names").await;
+    health_until(&app, Duration::from_secs(5), |s, _| s == 200).await;
+    // The send that timed out had committed locally and is released now:
+    // its retry is a replay, not a second message.
+    let again = ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "alice", "body": "stuck", "idempotency_key": "s1"})),
+    )
+    .await;
+    let stored: i64 = connect(&node.url("phone"))
+        .await
+        .query_one("SELECT count(*) FROM messages WHERE body = 'stuck'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(stored, 1, "{again}");
+    app.stop().await;
+}
+
+/// A long poll waits on its `inbox_waiters` row, which is unlogged: a
+/// standby promoted by a failover, or a server restarted after a crash, has
+/// none. When the replica's LISTEN connection comes back (as it does after
+/// either), a waiting poll registers again; otherwise no sender would wake
+/// it and it would sleep through its mail until its wait ran out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_poll_registers_again_when_its_listener_reconnects() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let bob = register(&c, "bob", "B", "p").await;
+    health_until(&app, Duration::from_secs(5), |s, b| {
+        s == 200 && b["notifications"] == "listening"
+    })
+    .await;
+    let waiting = {
+        let c = app.client().await;
+        let args = bob.with(json!({"wait_seconds": 20}));
+        tokio::spawn(async move {
+            let got = ok(&c, "phone_inbox", args).await;
+            (got, Instant::now())
+        })
+    };
+    let db = connect(&app.database_url).await;
+    wait_until(
+        &db,
+        "bob waits",
+        "SELECT EXISTS (SELECT 1 FROM inbox_waiters)",
+    )
+    .await;
+    // What a promotion does to the unlogged table, and to the listener.
+    db.batch_execute("TRUNCATE inbox_waiters").await.unwrap();
+    db.batch_execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = current_database() AND application_name = 'phone'
+           AND (query LIKE 'LISTEN%' OR query LIKE 'SELECT NOT (pg_is_in_recovery()%')",
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    health_until(&app, Duration::from_secs(5), |s, b| {
+        s == 200 && b["notifications"] == "listening"
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "bob", "body": "wake up"})),
+    )
+    .await;
+    let sent_at = Instant::now();
+    let (got, got_at) = waiting.await.unwrap();
+    assert_eq!(bodies(&got), ["wake up"]);
+    assert!(
+        got_at - sent_at < Duration::from_secs(5),
+        "the long poll woke {:?} after the send (its wait's end, not the send)",
+        got_at - sent_at
+    );
+    app.stop().await;
+}
+
+/// A first host that refuses, or accepts and then never answers, is passed
+/// over within its connect timeout: startup and every later connection
+/// reach the host that answers (on the suite's PostgreSQL).
+#[tokio::test]
+async fn dead_and_silent_hosts_before_the_primary_are_passed_over() {
+    let db = fresh_database().await;
+    let (base, name) = db.rsplit_once('/').unwrap();
+    let pg_port = base.rsplit_once(':').unwrap().1;
+    let refusing = free_port();
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_port = silent.local_addr().unwrap().port();
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            open.push(socket);
+        }
+    });
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{refusing},127.0.0.1:{silent_port},127.0.0.1:{pg_port}/{name}?connect_timeout=1"
+    );
+    let started = Instant::now();
+    let app = spawn_app_on(&url, &[]).await;
+    eprintln!(
+        "started past a refusing and a silent host in {:?}",
+        started.elapsed()
+    );
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "alice", "body": "to self"})),
+    )
+    .await;
+    assert_eq!(health(&app).await.0, 200);
+    app.stop().await;
+    held.abort();
+}
+
+/// libpq's key=value form, and TLS verified against the suite's CA on every
+/// host of a multi-host URL.
+#[tokio::test]
+async fn the_key_value_form_and_tls_with_several_hosts() {
+    let db = fresh_database().await;
+    let (base, name) = db.rsplit_once('/').unwrap();
+    let pg_port = base.rsplit_once(':').unwrap().1;
+    let ca = format!(
+        "{}/ca.pem",
+        std::env::var("PHONE_TEST_PG_TLS_DIR").expect("run with `make test` (TLS on)")
+    );
+    let dead = free_port();
+    for url in [
+        format!(
+            "host=127.0.0.1,127.0.0.1 port={dead},{pg_port} dbname={name} user=postgres sslmode=require"
+        ),
+        format!(
+            "postgres://postgres@localhost:{dead},localhost:{pg_port}/{name}?sslmode=verify-full&sslrootcert={ca}"
+        ),
+    ] {
+        let app = spawn_app_on(&url, &[]).await;
+        let c = app.client().await;
+        register(&c, "alice", "A", "p").await;
+        let encrypted: bool = connect(&admin_url())
+            .await
+            .query_one(
+                "SELECT bool_and(s.ssl) FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)
+                 WHERE a.datname = $1 AND a.application_name = 'phone'",
+                &[&name],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(encrypted, "{url}");
+        app.stop().await;
+        connect(&db)
+            .await
+            .batch_execute("DELETE FROM agents")
+            .await
+            .unwrap();
+    }
+}
+
+/// What is really malformed stops startup, naming DATABASE_URL and the part.
+#[tokio::test]
+async fn a_malformed_connection_string_stops_startup_clearly() {
+    for (url, says) in [
+        ("postgres://u@h1:5432,h2:port/db", "port"),
+        (
+            "postgres://u@h1,h2/db?target_session_attrs=standby",
+            "target_session_attrs",
+        ),
+        ("host=h1,h2,h3 port=1,2 user=u", "2 ports for 3 hosts"),
+    ] {
+        let config = test_config(url, &[]);
+        let err = Application::build(&config)
+            .await
+            .err()
+            .expect("startup refuses it")
+            .to_string();
+        assert!(
+            err.contains("DATABASE_URL") && err.contains(says),
+            "{url}: {err}"
+        );
+    }
+}
