@@ -28,8 +28,12 @@ pub enum AdminError {
 pub enum Command {
     /// Its token stops working at once on every replica, it leaves search,
     /// mail to it is refused; its history stays.
-    Suspend { name: String },
-    Unsuspend { name: String },
+    Suspend {
+        name: String,
+    },
+    Unsuspend {
+        name: String,
+    },
     /// Who sent most (and was refused most) lately.
     TopSenders {
         #[arg(default_value = "1", value_parser = clap::value_parser!(i32).range(1..=2160))]

@@ -75,11 +75,8 @@ pub async fn run(env: Env<'_>) -> Result<(), ChannelError> {
     let mut watching = tokio::spawn(async move {
         // Events go out once the client finished its handshake (or after a
         // moment, for a client that never says so).
-        let _ = tokio::time::timeout(
-            std::time::Duration::from_secs(2),
-            initialized.notified(),
-        )
-        .await;
+        let _ =
+            tokio::time::timeout(std::time::Duration::from_secs(2), initialized.notified()).await;
         watch::run(target, memory, peer).await
     });
     tokio::select! {

@@ -38,10 +38,8 @@ pub struct ChannelServer {
 impl ChannelServer {
     pub fn new() -> Self {
         let mut capabilities = ServerCapabilities::default();
-        capabilities.experimental = Some(BTreeMap::from([(
-            CAPABILITY.to_owned(),
-            JsonObject::new(),
-        )]));
+        capabilities.experimental =
+            Some(BTreeMap::from([(CAPABILITY.to_owned(), JsonObject::new())]));
         let info = ServerConfig::new(capabilities)
             .with_server_info(
                 Implementation::new("phone-channel", env!("CARGO_PKG_VERSION"))

@@ -43,6 +43,11 @@ const NOTIFY_TIMEOUT: Duration = Duration::from_secs(10);
 /// A stream that ends sooner than this counts as trouble (backoff), so a
 /// server that ends every stream at once is not hammered.
 const STREAM_MIN: Duration = Duration::from_secs(2);
+/// At most this many notifications in [`PACE_WINDOW`]: mail arriving
+/// faster (a chatty correspondent, a script) waits for the window to pass
+/// and is then announced as one summary, not one wake-up per message.
+const PACE_MAX: usize = 3;
+const PACE_WINDOW: Duration = Duration::from_secs(5);
 
 /// Why the channel stops.
 #[derive(Debug)]
@@ -67,10 +72,45 @@ struct InboxOut {
 }
 
 /// What was announced: the file shared by the agent's channels, or, when
-/// there is no place for it, this process's own memory.
+/// there is no place for it, this process's own memory; and when.
 struct Announced {
     file: Option<Memory>,
     here: BTreeSet<String>,
+    /// When the latest notifications went out (at most [`PACE_MAX`]).
+    sent: std::collections::VecDeque<tokio::time::Instant>,
+}
+
+impl Announced {
+    /// When `n` more notifications may go out: now, or once enough of the
+    /// recent ones are older than the window.
+    fn allowed_at(&self, n: usize) -> tokio::time::Instant {
+        let now = tokio::time::Instant::now();
+        let recent: Vec<_> = self
+            .sent
+            .iter()
+            .filter(|t| now.duration_since(**t) < PACE_WINDOW)
+            .collect();
+        if recent.len() + n <= PACE_MAX {
+            now
+        } else {
+            // The oldest that must leave the window first.
+            let must_leave = (recent.len() + n)
+                .saturating_sub(PACE_MAX)
+                .min(recent.len());
+            match must_leave {
+                0 => now,
+                k => *recent[k - 1] + PACE_WINDOW,
+            }
+        }
+    }
+}
+
+/// Notes a notification that went out now.
+fn record(sent: &mut std::collections::VecDeque<tokio::time::Instant>) {
+    sent.push_back(tokio::time::Instant::now());
+    while sent.len() > PACE_MAX {
+        sent.pop_front();
+    }
 }
 
 /// Watches until the token is refused or Claude Code leaves.
@@ -78,6 +118,7 @@ pub async fn run(target: Target, memory: Option<Memory>, peer: Peer<RoleServer>)
     let mut announced = Announced {
         file: memory,
         here: BTreeSet::new(),
+        sent: Default::default(),
     };
     let mut backoff = BACKOFF_FIRST;
     let mut healthy = true;
@@ -128,7 +169,11 @@ async fn session(target: &Target, announced: &mut Announced, peer: &Peer<RoleSer
     ended
 }
 
-async fn listen(connection: &Connection, announced: &mut Announced, peer: &Peer<RoleServer>) -> Ended {
+async fn listen(
+    connection: &Connection,
+    announced: &mut Announced,
+    peer: &Peer<RoleServer>,
+) -> Ended {
     let filter = SubscriptionFilter::builder()
         .resource_subscriptions(["phone://inbox"])
         .build();
@@ -136,28 +181,35 @@ async fn listen(connection: &Connection, announced: &mut Announced, peer: &Peer<
         Ok(s) => s,
         Err(e) => return Ended::Trouble(format!("cannot watch the inbox: {e}")),
     };
+    // Set when new mail waits for the pace window: look again then.
+    let mut deferred: Option<tokio::time::Instant> = None;
     loop {
         // The first update comes once the server's watch is in place, and
         // covers mail that arrived while the channel was away.
-        let look_now = match tokio::time::timeout(SAFETY_LOOK, stream.next()).await {
-            Err(_quiet) => true,
-            Ok(Ok(Some(ServerNotification::ResourceUpdatedNotification(_)))) => true,
+        let wake = deferred.unwrap_or_else(|| tokio::time::Instant::now() + SAFETY_LOOK);
+        let look_now = match tokio::time::timeout_at(wake, stream.next()).await {
+            Err(_time) => true,
+            Ok(Ok(Some(ServerNotification::ResourceUpdatedNotification(_)))) => deferred.is_none(),
             Ok(Ok(Some(_other))) => false,
             Ok(Ok(None)) => return Ended::Gracefully,
             Ok(Err(e)) => return Ended::Trouble(format!("the inbox subscription ended: {e}")),
         };
-        if look_now && let Err(ended) = look(connection, announced, peer).await {
-            return ended;
+        if look_now {
+            match look(connection, announced, peer).await {
+                Ok(next) => deferred = next,
+                Err(ended) => return ended,
+            }
         }
     }
 }
 
-/// One peek; announces what was not announced before.
+/// One peek; announces what was not announced before, or, when that
+/// would be too many notifications too soon, returns when to look again.
 async fn look(
     connection: &Connection,
     announced: &mut Announced,
     peer: &Peer<RoleServer>,
-) -> Result<(), Ended> {
+) -> Result<Option<tokio::time::Instant>, Ended> {
     let out = connection
         .call(
             "phone_inbox",
@@ -195,13 +247,18 @@ async fn look(
         .iter()
         .filter(|m| !before.contains(&m.id))
         .collect();
-    for note in announce::announcements(&new, inbox.unread_remaining) {
+    let notes = announce::announcements(&new, inbox.unread_remaining);
+    let allowed_at = announced.allowed_at(notes.len());
+    if allowed_at > tokio::time::Instant::now() {
+        return Ok(Some(allowed_at));
+    }
+    for note in notes {
         let notification = ServerNotification::CustomNotification(CustomNotification::new(
             NOTIFICATION,
             Some(note.params()),
         ));
         match tokio::time::timeout(NOTIFY_TIMEOUT, peer.send_notification(notification)).await {
-            Ok(Ok(())) => {}
+            Ok(Ok(())) => record(&mut announced.sent),
             _ => return Err(Ended::Stop(Stop::ClientGone)),
         }
     }
@@ -209,7 +266,10 @@ async fn look(
     // meanwhile: forget those.
     let mut after: BTreeSet<String> = if inbox.messages.len() < PEEK_LIMIT {
         let unread: BTreeSet<&String> = inbox.messages.iter().map(|m| &m.id).collect();
-        before.into_iter().filter(|id| unread.contains(id)).collect()
+        before
+            .into_iter()
+            .filter(|id| unread.contains(id))
+            .collect()
     } else {
         before
     };
@@ -217,8 +277,10 @@ async fn look(
     if let Some(l) = &locked
         && let Err(e) = l.save(&after)
     {
-        eprintln!("phone channel: cannot remember what it announced ({e}); a restart may announce it again");
+        eprintln!(
+            "phone channel: cannot remember what it announced ({e}); a restart may announce it again"
+        );
     }
     announced.here = after;
-    Ok(())
+    Ok(None)
 }

@@ -224,19 +224,21 @@ fn unread(n: i64) -> String {
 /// The one command besides `register` that prints a token: to Claude Code.
 pub fn mcp_headers(env: Env<'_>) -> Result<(), CliError> {
     let server = remote::var(env, "CLAUDE_CODE_MCP_SERVER_URL");
-    let token = remote::var(env, "PHONE_TOKEN").map(Secret::new).or_else(|| {
-        let profile = match remote::profile::load(env) {
-            Ok(p) => p?,
-            Err(e) => {
-                eprintln!("phone mcp-headers: {e}");
-                return None;
-            }
-        };
-        let ours = server
-            .as_deref()
-            .is_none_or(|s| remote::same_server(&profile.url, s));
-        ours.then_some(profile.token)
-    });
+    let token = remote::var(env, "PHONE_TOKEN")
+        .map(Secret::new)
+        .or_else(|| {
+            let profile = match remote::profile::load(env) {
+                Ok(p) => p?,
+                Err(e) => {
+                    eprintln!("phone mcp-headers: {e}");
+                    return None;
+                }
+            };
+            let ours = server
+                .as_deref()
+                .is_none_or(|s| remote::same_server(&profile.url, s));
+            ours.then_some(profile.token)
+        });
     if let Some(warning) = server.as_deref().and_then(remote::cleartext_warning) {
         eprintln!("phone mcp-headers: {warning}");
     }

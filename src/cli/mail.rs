@@ -14,9 +14,11 @@ use crate::remote::{Env, RemoteError};
 const STDIN_MAX: u64 = 1 << 20;
 
 #[derive(Debug, clap::Args)]
-#[command(after_help = "Examples:\n  phone send alice \"The build is green\"\n  \
+#[command(
+    after_help = "Examples:\n  phone send alice \"The build is green\"\n  \
     git log -1 | phone send alice --subject \"last commit\"\n  \
-    phone send --reply-to msg_12 \"Done.\"")]
+    phone send --reply-to msg_12 \"Done.\""
+)]
 pub struct SendArgs {
     /// The recipient's name (omitted with --reply-to).
     to: Option<String>,
@@ -149,9 +151,7 @@ pub async fn send(env: Env<'_>, args: SendArgs) -> Result<(), CliError> {
                 eprintln!("Type the message; end it with Ctrl-D.");
             }
             let mut text = String::new();
-            std::io::stdin()
-                .take(STDIN_MAX)
-                .read_to_string(&mut text)?;
+            std::io::stdin().take(STDIN_MAX).read_to_string(&mut text)?;
             text
         }
     };

@@ -18,7 +18,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::remote::{self, Connection, Env, Lifecycle, ProfileError, RemoteError, Target, TargetError};
+use crate::remote::{
+    self, Connection, Env, Lifecycle, ProfileError, RemoteError, Target, TargetError,
+};
 use crate::{admin, channel, hook};
 
 #[derive(Debug, Parser)]

@@ -50,7 +50,10 @@ mod tests {
     fn escape_sequences_and_bidi_controls_do_not_reach_the_terminal() {
         let hostile = "hi\u{1b}]0;pwned\u{7}\u{1b}[2J\r\u{202E}txt.exe\u{9b}31m";
         let shown = clean(hostile, true);
-        assert!(!shown.contains(['\u{1b}', '\u{7}', '\r', '\u{202E}', '\u{9b}']), "{shown:?}");
+        assert!(
+            !shown.contains(['\u{1b}', '\u{7}', '\r', '\u{202E}', '\u{9b}']),
+            "{shown:?}"
+        );
         assert_eq!(clean("a\nb\tc", true), "a\nb\tc");
         assert_eq!(clean("a\nb", false), "a\u{FFFD}b");
         assert_eq!(line("abcdef", 3), "abc…");

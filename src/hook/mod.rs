@@ -53,7 +53,7 @@ pub enum Command {
     ClaudeStop {
         /// With nothing new, first wait this long for mail to arrive
         /// (a peek long poll); the hook's timeout must exceed it.
-        #[arg(long, value_name = "SECONDS", default_value = "0", value_parser = parse_wait)]
+        #[arg(long, value_name = "SECONDS", default_value = "0", value_parser = parse_wait, allow_hyphen_values = true)]
         wait: Duration,
     },
     /// The SessionStart hook: summarises unread mail as context.
@@ -66,7 +66,9 @@ fn parse_wait(value: &str) -> Result<Duration, String> {
         .ok()
         .filter(|s| *s <= WAIT_MAX_SECS)
         .map(Duration::from_secs)
-        .ok_or_else(|| format!("--wait must be whole seconds from 0 to {WAIT_MAX_SECS}; got {value:?}"))
+        .ok_or_else(|| {
+            format!("--wait must be whole seconds from 0 to {WAIT_MAX_SECS}; got {value:?}")
+        })
 }
 
 /// The part of Claude Code's hook input these hooks use.
@@ -110,7 +112,9 @@ pub async fn run(command: Command, stdin: &str, env: Env<'_>) -> Outcome {
         outcome.stderr.insert_str(0, &note);
     }
     if let Some(warning) = remote::cleartext_warning(&target.mcp_url) {
-        outcome.stderr.insert_str(0, &format!("phone hook: {warning}\n"));
+        outcome
+            .stderr
+            .insert_str(0, &format!("phone hook: {warning}\n"));
     }
     outcome
 }
@@ -134,13 +138,12 @@ fn fail_open(e: &RemoteError) -> Outcome {
     }
 }
 
-async fn stop(
-    target: &Target,
-    input: &HookInput,
-    wait: Duration,
-    env: Env<'_>,
-) -> Outcome {
-    let token = target.token.as_ref().map(|t| t.expose()).unwrap_or_default();
+async fn stop(target: &Target, input: &HookInput, wait: Duration, env: Env<'_>) -> Outcome {
+    let token = target
+        .token
+        .as_ref()
+        .map(|t| t.expose())
+        .unwrap_or_default();
     let memory = state::Memory::open(env, input.session_id.as_deref(), token);
     let blocked_before: BTreeSet<String> = memory.as_ref().map(|m| m.load()).unwrap_or_default();
     let unread = match client::peek_unread(target, wait, &blocked_before).await {
@@ -294,14 +297,26 @@ mod tests {
                 wait: Duration::from_secs(5)
             })
         );
-        assert!(parse(&["claude-stop", "--wait"]).unwrap_err().contains("--wait"));
+        assert!(
+            parse(&["claude-stop", "--wait"])
+                .unwrap_err()
+                .contains("--wait")
+        );
         for bad in ["-1", "99999", "soon"] {
             let err = parse(&["claude-stop", "--wait", bad]).unwrap_err();
             assert!(err.contains("whole seconds from 0 to 3600"), "{err}");
         }
-        assert!(parse(&["claude-stop", "--loud"]).unwrap_err().contains("--loud"));
+        assert!(
+            parse(&["claude-stop", "--loud"])
+                .unwrap_err()
+                .contains("--loud")
+        );
         assert!(parse(&["claude-session-start", "x"]).is_err());
-        assert!(parse(&["claude-bogus"]).unwrap_err().contains("claude-bogus"));
+        assert!(
+            parse(&["claude-bogus"])
+                .unwrap_err()
+                .contains("claude-bogus")
+        );
         assert!(parse(&[]).is_err());
     }
 }

@@ -107,7 +107,12 @@ impl Connection {
     /// Calls `tool`; its structured result, or the tool's error as
     /// [`RemoteError::Refused`]. `wait` is how long the call may wait on the
     /// server beyond the usual limit (a long poll).
-    pub async fn call(&self, tool: &str, args: Value, wait: Duration) -> Result<Value, RemoteError> {
+    pub async fn call(
+        &self,
+        tool: &str,
+        args: Value,
+        wait: Duration,
+    ) -> Result<Value, RemoteError> {
         let args = args.as_object().cloned().unwrap_or_default();
         let limit = CALL_TIMEOUT + wait;
         let result = tokio::time::timeout(

@@ -174,10 +174,7 @@ mod tests {
     #[test]
     fn the_config_dir_comes_from_xdg_or_home() {
         let xdg = |k: &str| (k == "XDG_CONFIG_HOME").then(|| "/x".to_owned());
-        assert_eq!(
-            path(&xdg).unwrap(),
-            PathBuf::from("/x/phone/profile.json")
-        );
+        assert_eq!(path(&xdg).unwrap(), PathBuf::from("/x/phone/profile.json"));
         let home = |k: &str| (k == "HOME").then(|| "/h".to_owned());
         assert_eq!(
             path(&home).unwrap(),

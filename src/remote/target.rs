@@ -193,8 +193,14 @@ mod tests {
         assert!(server_url("ftp://p.example.com").is_err());
         assert!(server_url("not a url").is_err());
         assert!(server_url("https://bob:pw@p.example.com").is_err());
-        assert!(same_server("https://p.example.com/", "https://p.example.com/mcp"));
-        assert!(!same_server("https://p.example.com", "https://q.example.com"));
+        assert!(same_server(
+            "https://p.example.com/",
+            "https://p.example.com/mcp"
+        ));
+        assert!(!same_server(
+            "https://p.example.com",
+            "https://q.example.com"
+        ));
     }
 
     #[test]
