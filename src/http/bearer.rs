@@ -49,7 +49,7 @@ fn presented(req: &Request) -> Presented {
     }
     match Token::parse(rest) {
         Ok(token) => Presented::Token(token),
-        Err(_) => Presented::Malformed("the bearer token is not a phone token (phn_…)"),
+        Err(_) => Presented::Malformed("the bearer token is not a phone token (phn_...)"),
     }
 }
 
@@ -89,11 +89,11 @@ pub(super) async fn check(phone: Phone, req: Request, next: Next) -> Response {
 }
 
 fn unauthorized(why: &str) -> Response {
-    // A quoted-string: no quotes or backslashes inside.
+    // A quoted-string of plain ASCII: no quotes or backslashes inside.
     let description: String = why
         .chars()
         .map(|c| if matches!(c, '"' | '\\') { '\'' } else { c })
-        .filter(|c| !c.is_control())
+        .filter(|c| c.is_ascii() && !c.is_ascii_control())
         .collect();
     let challenge = format!(
         "Bearer realm=\"phone\", error=\"invalid_token\", error_description=\"{description}\""
