@@ -63,6 +63,8 @@ struct Channel {
     events: mpsc::UnboundedReceiver<Event>,
     stdout: Arc<Mutex<Vec<String>>>,
     stderr: Arc<Mutex<String>>,
+    /// The stderr reader, done at the child's end of stderr.
+    stderr_read: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Starts `phone channel` with `env` (and nothing else of this process's
@@ -102,7 +104,7 @@ async fn start(env: &[(&str, &str)]) -> Channel {
         });
     }
     let err_text = Arc::new(Mutex::new(String::new()));
-    {
+    let stderr_read = {
         let err_text = err_text.clone();
         tokio::spawn(async move {
             let mut reader = BufReader::new(stderr).lines();
@@ -111,8 +113,8 @@ async fn start(env: &[(&str, &str)]) -> Channel {
                 t.push_str(&line);
                 t.push('\n');
             }
-        });
-    }
+        })
+    };
     let (tx, rx) = mpsc::unbounded_channel();
     // Claude Code first probes with server/discover (see the test of the
     // probe below), then, offered no modern revision, initializes.
@@ -130,6 +132,7 @@ async fn start(env: &[(&str, &str)]) -> Channel {
         events: rx,
         stdout: lines,
         stderr: err_text,
+        stderr_read: Some(stderr_read),
     }
 }
 
@@ -156,6 +159,14 @@ impl Channel {
         self.stderr.lock().unwrap().clone()
     }
 
+    /// All of stderr, once the child closed it (it exited).
+    async fn whole_stderr(&mut self) -> String {
+        if let Some(reading) = self.stderr_read.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(5), reading).await;
+        }
+        self.stderr()
+    }
+
     /// Closes stdin as Claude Code does when the session ends; the exit
     /// status and everything it wrote.
     async fn close(mut self) -> (Option<i32>, Vec<String>, String) {
@@ -166,8 +177,9 @@ impl Channel {
             .await
             .expect("the channel exits once stdin closes")
             .unwrap();
+        let stderr = self.whole_stderr().await;
         let lines = self.stdout.lock().unwrap().clone();
-        (status.code(), lines, self.stderr())
+        (status.code(), lines, stderr)
     }
 }
 
@@ -560,7 +572,7 @@ async fn a_revoked_token_ends_it_with_a_clear_message() {
         .unwrap_or_else(|_| panic!("it ends; stderr: {}", channel.stderr()))
         .unwrap();
     assert_eq!(status.code(), Some(1));
-    let stderr = channel.stderr();
+    let stderr = channel.whole_stderr().await;
     assert!(stderr.contains("refused this agent's token"), "{stderr}");
     assert!(stderr.contains("phone login"), "{stderr}");
     assert!(!stderr.contains(&bob.token), "{stderr}");

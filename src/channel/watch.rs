@@ -38,6 +38,8 @@ const PEEK_LIMIT: usize = 100;
 const SAFETY_LOOK: Duration = Duration::from_secs(60);
 const BACKOFF_FIRST: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// Opening the inbox watch may take this long.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Writing one notification to Claude Code may take this long.
 const NOTIFY_TIMEOUT: Duration = Duration::from_secs(10);
 /// A stream that ends sooner than this counts as trouble (backoff), so a
@@ -177,9 +179,11 @@ async fn listen(
     let filter = SubscriptionFilter::builder()
         .resource_subscriptions(["phone://inbox"])
         .build();
-    let mut stream = match connection.client().listen(filter).await {
-        Ok(s) => s,
-        Err(e) => return Ended::Trouble(format!("cannot watch the inbox: {e}")),
+    let listening = tokio::time::timeout(CALL_TIMEOUT, connection.client().listen(filter)).await;
+    let mut stream = match listening {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return Ended::Trouble(format!("cannot watch the inbox: {e}")),
+        Err(_) => return Ended::Trouble("the server did not acknowledge the inbox watch".into()),
     };
     // Set when new mail waits for the pace window: look again then.
     let mut deferred: Option<tokio::time::Instant> = None;
