@@ -84,11 +84,7 @@ struct HookInput {
 /// Runs one hook. `stdin` is the hook's JSON input; `env` reads the
 /// environment (a function so that tests pass their own).
 pub async fn run(command: Command, stdin: &str, env: Env<'_>) -> Outcome {
-    let target = match remote::profile::load(env)
-        .map_err(remote::TargetError::from)
-        .and_then(|profile| Target::resolve(env, None, profile.as_ref()))
-        .and_then(|target| target.token().map(|_| ()).map(|()| target))
-    {
+    let target = match hook_target(env) {
         Ok(t) => t,
         Err(e) => return usage_error(&e.to_string()),
     };
@@ -119,8 +115,17 @@ pub async fn run(command: Command, stdin: &str, env: Env<'_>) -> Outcome {
     outcome
 }
 
+/// The server and a token, from the environment, the plugin's options or
+/// the profile.
+fn hook_target(env: Env<'_>) -> Result<Target, remote::TargetError> {
+    let profile = remote::profile::load(env)?;
+    let target = Target::resolve(env, None, profile.as_ref())?;
+    target.token()?;
+    Ok(target)
+}
+
 /// A mistake in the hook's own setup.
-pub fn usage_error(e: &str) -> Outcome {
+fn usage_error(e: &str) -> Outcome {
     // Exit 1: Claude Code shows it to the user and carries on (not 2, which
     // would hand stderr to the model as an instruction).
     Outcome {
