@@ -42,4 +42,10 @@ fi
 if [ "${PHONE_SKIP_CLIENTS:-}" != 1 ]; then
     tests/clients/run.sh || status=1
 fi
+# The agent-side setup with the real Claude Code CLI: the installed binary,
+# the plugin and the marketplace (tests/claude-code). PHONE_SKIP_CLIENTS=1
+# skips it too.
+if [ "${PHONE_SKIP_CLIENTS:-}" != 1 ] && [ "${PHONE_SKIP_CLAUDE_CODE:-}" != 1 ]; then
+    tests/claude-code/run.sh || status=1
+fi
 exit $status

@@ -23,12 +23,31 @@ pub enum AdminError {
     Store(#[from] StoreError),
 }
 
-const USAGE: &str =
-    "usage: phone admin suspend NAME | unsuspend NAME | top-senders [HOURS] | refused [HOURS]";
+/// One operator command.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Subcommand)]
+pub enum Command {
+    /// Its token stops working at once on every replica, it leaves search,
+    /// mail to it is refused; its history stays.
+    Suspend {
+        name: String,
+    },
+    Unsuspend {
+        name: String,
+    },
+    /// Who sent most (and was refused most) lately.
+    TopSenders {
+        #[arg(default_value = "1", value_parser = clap::value_parser!(i32).range(1..=2160))]
+        hours: i32,
+    },
+    /// Refused sends by sender, recipient and reason.
+    Refused {
+        #[arg(default_value = "1", value_parser = clap::value_parser!(i32).range(1..=2160))]
+        hours: i32,
+    },
+}
 
-/// Runs one command (`args` after `admin`); returns what to print.
-pub async fn run(database_url: &str, args: &[String]) -> Result<String, AdminError> {
-    let usage = || AdminError::Usage(USAGE.into());
+/// Runs one command; returns what to print.
+pub async fn run(database_url: &str, command: &Command) -> Result<String, AdminError> {
     let settings = Settings::for_url(database_url);
     store::migrate_with(&settings).await?;
     let pool = store::pool::connect(&Settings {
@@ -36,24 +55,11 @@ pub async fn run(database_url: &str, args: &[String]) -> Result<String, AdminErr
         ..settings
     })?;
     let db = pool.get().await.map_err(StoreError::from)?;
-    let hours = |at: usize| -> Result<i32, AdminError> {
-        match args.get(at) {
-            None => Ok(1),
-            Some(h) => h
-                .parse::<i32>()
-                .ok()
-                .filter(|h| (1..=24 * 90).contains(h))
-                .ok_or_else(|| {
-                    AdminError::Usage(format!("HOURS must be from 1 to 2160; got {h:?}"))
-                }),
-        }
-    };
-    let out = match args.first().map(String::as_str) {
-        Some(cmd @ ("suspend" | "unsuspend")) => {
-            let raw = args.get(1).ok_or_else(usage)?;
+    let out = match command {
+        Command::Suspend { name: raw } | Command::Unsuspend { name: raw } => {
             let name =
                 AgentName::parse("NAME", raw).map_err(|e| AdminError::Usage(e.to_string()))?;
-            let suspend = cmd == "suspend";
+            let suspend = matches!(command, Command::Suspend { .. });
             let changed = store::admin::suspend(&db, name.as_str(), suspend).await?;
             match (changed, store::admin::suspended(&db, name.as_str()).await?) {
                 (_, None) => {
@@ -69,8 +75,8 @@ pub async fn run(database_url: &str, args: &[String]) -> Result<String, AdminErr
                 (false, Some(false)) => format!("'{name}' was not suspended."),
             }
         }
-        Some("top-senders") => {
-            let h = hours(1)?;
+        Command::TopSenders { hours } => {
+            let h = *hours;
             let mut out = format!("Senders of the last {h} hour(s): sent, refused\n");
             for line in store::admin::top_senders(&db, h, 20).await? {
                 let _ = writeln!(
@@ -84,8 +90,8 @@ pub async fn run(database_url: &str, args: &[String]) -> Result<String, AdminErr
             }
             out
         }
-        Some("refused") => {
-            let h = hours(1)?;
+        Command::Refused { hours } => {
+            let h = *hours;
             let mut out = format!(
                 "Refused sends of the last {h} hour(s): sender -> recipient, reason, count, last\n"
             );
@@ -102,7 +108,6 @@ pub async fn run(database_url: &str, args: &[String]) -> Result<String, AdminErr
             }
             out
         }
-        _ => return Err(usage()),
     };
     pool.close();
     Ok(out)

@@ -3,7 +3,12 @@
 //! Layers, each importing only those below it:
 //!
 //! ```text
+//! cli       the command line: parses it, serves, or runs a client command
+//! channel   `phone channel`: a Claude Code channel (stdio MCP server) fed by
+//!           a watch on the agent's inbox on a server
 //! hook      Claude Code hooks (`phone hook …`): an MCP client of a server
+//! remote    the client side: server and token (env, plugin options,
+//!           profile), MCP calls over HTTP
 //! admin     the operator's commands (`phone admin …`), against the database
 //! startup   composition root: Config -> each layer's settings -> serve
 //! config    the environment, parsed into each layer's settings
@@ -17,12 +22,15 @@
 //! ```
 
 pub mod admin;
+pub mod channel;
+pub mod cli;
 pub mod config;
 pub mod console;
 pub mod domain;
 pub mod hook;
 pub mod http;
 pub mod mcp;
+pub mod remote;
 pub mod startup;
 pub mod store;
 pub mod telemetry;

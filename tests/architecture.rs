@@ -12,7 +12,10 @@ use std::{
 /// Top to bottom; each may import only those after it.
 const LAYERS: &[&str] = &[
     "main",
+    "cli",
+    "channel",
     "hook",
+    "remote",
     "admin",
     "startup",
     "config",

@@ -668,6 +668,7 @@ impl Ctx {
             request = request.header("mcp-method", v);
         }
         let body_len = bytes.len();
+        let sent_bytes = bytes.clone();
         let started = Instant::now();
         let response = request.body(bytes).send().await.map_err(|e| {
             let mut chain = e.to_string();
@@ -682,6 +683,12 @@ impl Ctx {
             ))
         })?;
         let status = response.status().as_u16();
+        // A bad bearer token is refused at the door of a handshake (tests/door.rs).
+        let challenged = response.headers().contains_key("www-authenticate");
+        let handshake = serde_json::from_slice::<Value>(&sent_bytes)
+            .ok()
+            .and_then(|v| v["method"].as_str().map(str::to_owned))
+            .is_some_and(|m| ["initialize", "server/discover", "tools/list"].contains(&m.as_str()));
         let text = response
             .text()
             .await
@@ -732,6 +739,7 @@ impl Ctx {
             406 => h.accept != Some(GOOD_ACCEPT),
             415 => !json_type,
             413 => body_len > 256 * 1024,
+            401 => authorization.is_some() && challenged && handshake,
             _ => false,
         };
         prop_assert!(

@@ -1,7 +1,8 @@
 //! Claude Code hooks: `phone hook claude-stop [--wait SECONDS]` and
 //! `phone hook claude-session-start`. A client of a phone server like any
-//! agent (MCP over HTTP, `PHONE_URL` and `PHONE_TOKEN`); nothing of the
-//! server runs here.
+//! agent (MCP over HTTP; the server and token from `PHONE_URL` /
+//! `PHONE_TOKEN`, the plugin's options or the profile, see `remote`);
+//! nothing of the server runs here.
 //!
 //! The stop hook keeps an agent from going idle while mail waits: with
 //! unread mail it prints `{"decision":"block","reason":…}`, which Claude Code
@@ -21,6 +22,8 @@ use serde::Deserialize;
 
 pub use client::Unread;
 
+use crate::remote::{self, Env, RemoteError, Target};
+
 /// What the process prints and how it exits. Claude Code reads stdout as the
 /// decision; exit code 2 would mean "blocking error" and continue the agent
 /// with stderr as its instruction, so this never exits 2.
@@ -39,8 +42,34 @@ const SUBJECT_MAX_CHARS: usize = 80;
 const LISTED_MAX: usize = 5;
 
 const USAGE: &str = "usage: phone hook claude-stop [--wait SECONDS] | phone hook claude-session-start
-  environment: PHONE_URL (the server, e.g. https://phone.example.com), PHONE_TOKEN (the agent's token)
+  the server and the agent: PHONE_URL and PHONE_TOKEN, the Claude Code plugin's options, or the profile (phone login)
   optional: PHONE_HOOK_STATE_DIR (where the stop hook remembers what it blocked for)";
+
+/// Which hook runs.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Subcommand)]
+pub enum Command {
+    /// The Stop hook: with unread mail it has not told the agent about, keeps
+    /// the agent working (prints a "block" decision).
+    ClaudeStop {
+        /// With nothing new, first wait this long for mail to arrive
+        /// (a peek long poll); the hook's timeout must exceed it.
+        #[arg(long, value_name = "SECONDS", default_value = "0", value_parser = parse_wait, allow_hyphen_values = true)]
+        wait: Duration,
+    },
+    /// The SessionStart hook: summarises unread mail as context.
+    ClaudeSessionStart,
+}
+
+fn parse_wait(value: &str) -> Result<Duration, String> {
+    value
+        .parse::<u64>()
+        .ok()
+        .filter(|s| *s <= WAIT_MAX_SECS)
+        .map(Duration::from_secs)
+        .ok_or_else(|| {
+            format!("--wait must be whole seconds from 0 to {WAIT_MAX_SECS}; got {value:?}")
+        })
+}
 
 /// The part of Claude Code's hook input these hooks use.
 #[derive(Debug, Default, Deserialize)]
@@ -52,89 +81,12 @@ struct HookInput {
     stop_hook_active: bool,
 }
 
-#[derive(Debug)]
-enum Command {
-    Stop { wait: Duration },
-    SessionStart,
-}
-
-fn parse_args(args: &[String]) -> Result<Command, String> {
-    match args.first().map(String::as_str) {
-        Some("claude-stop") => {
-            let mut wait = Duration::ZERO;
-            let mut rest = args[1..].iter();
-            while let Some(arg) = rest.next() {
-                let value = match arg.as_str() {
-                    "--wait" => rest
-                        .next()
-                        .ok_or("--wait needs a number of seconds")?
-                        .clone(),
-                    other => match other.strip_prefix("--wait=") {
-                        Some(v) => v.to_owned(),
-                        None => return Err(format!("unknown argument {other:?}")),
-                    },
-                };
-                let secs = value
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|s| *s <= WAIT_MAX_SECS)
-                    .ok_or_else(|| {
-                        format!(
-                            "--wait must be whole seconds from 0 to {WAIT_MAX_SECS}; got {value:?}"
-                        )
-                    })?;
-                wait = Duration::from_secs(secs);
-            }
-            Ok(Command::Stop { wait })
-        }
-        Some("claude-session-start") if args.len() == 1 => Ok(Command::SessionStart),
-        Some("claude-session-start") => Err("claude-session-start takes no arguments".into()),
-        Some(other) => Err(format!("unknown hook {other:?}")),
-        None => Err("which hook?".into()),
-    }
-}
-
-/// Where the server is and who the agent is, from the environment.
-struct Target {
-    mcp_url: String,
-    token: String,
-}
-
-fn target(env: &dyn Fn(&str) -> Option<String>) -> Result<Target, String> {
-    let get = |key: &str| {
-        env(key)
-            .map(|v| v.trim().to_owned())
-            .filter(|v| !v.is_empty())
-    };
-    let url = get("PHONE_URL")
-        .ok_or("PHONE_URL is not set (the phone server, e.g. https://phone.example.com)")?;
-    let token = get("PHONE_TOKEN")
-        .ok_or("PHONE_TOKEN is not set (the agent's token from phone_register)")?;
-    let mut parsed =
-        url::Url::parse(&url).map_err(|e| format!("PHONE_URL {url:?} is not a URL: {e}"))?;
-    if !matches!(parsed.scheme(), "http" | "https") {
-        return Err(format!("PHONE_URL must be http or https; got {url:?}"));
-    }
-    // The server's root or its /mcp endpoint, either works.
-    if parsed.path() == "/" || parsed.path().is_empty() {
-        parsed.set_path("/mcp");
-    }
-    Ok(Target {
-        mcp_url: parsed.to_string(),
-        token,
-    })
-}
-
 /// Runs one hook. `stdin` is the hook's JSON input; `env` reads the
 /// environment (a function so that tests pass their own).
-pub async fn run(args: &[String], stdin: &str, env: &dyn Fn(&str) -> Option<String>) -> Outcome {
-    let command = match parse_args(args) {
-        Ok(c) => c,
-        Err(e) => return usage_error(&e),
-    };
-    let target = match target(env) {
+pub async fn run(command: Command, stdin: &str, env: Env<'_>) -> Outcome {
+    let target = match hook_target(env) {
         Ok(t) => t,
-        Err(e) => return usage_error(&e),
+        Err(e) => return usage_error(&e.to_string()),
     };
     // An input we cannot read must not stop the hook from working: without a
     // session id it remembers nothing and relies on stop_hook_active.
@@ -149,15 +101,30 @@ pub async fn run(args: &[String], stdin: &str, env: &dyn Fn(&str) -> Option<Stri
         },
     };
     let mut outcome = match command {
-        Command::Stop { wait } => stop(&target, &input, wait, env).await,
-        Command::SessionStart => session_start(&target).await,
+        Command::ClaudeStop { wait } => stop(&target, &input, wait, env).await,
+        Command::ClaudeSessionStart => session_start(&target).await,
     };
     if let Some(note) = input_note {
         outcome.stderr.insert_str(0, &note);
     }
+    if let Some(warning) = remote::cleartext_warning(&target.mcp_url) {
+        outcome
+            .stderr
+            .insert_str(0, &format!("phone hook: {warning}\n"));
+    }
     outcome
 }
 
+/// The server and a token, from the environment, the plugin's options or
+/// the profile.
+fn hook_target(env: Env<'_>) -> Result<Target, remote::TargetError> {
+    let profile = remote::profile::load(env)?;
+    let target = Target::resolve(env, None, profile.as_ref())?;
+    target.token()?;
+    Ok(target)
+}
+
+/// A mistake in the hook's own setup.
 fn usage_error(e: &str) -> Outcome {
     // Exit 1: Claude Code shows it to the user and carries on (not 2, which
     // would hand stderr to the model as an instruction).
@@ -168,7 +135,7 @@ fn usage_error(e: &str) -> Outcome {
     }
 }
 
-fn fail_open(e: &client::HookClientError) -> Outcome {
+fn fail_open(e: &RemoteError) -> Outcome {
     Outcome {
         code: 0,
         stdout: String::new(),
@@ -176,13 +143,13 @@ fn fail_open(e: &client::HookClientError) -> Outcome {
     }
 }
 
-async fn stop(
-    target: &Target,
-    input: &HookInput,
-    wait: Duration,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Outcome {
-    let memory = state::Memory::open(env, input.session_id.as_deref(), &target.token);
+async fn stop(target: &Target, input: &HookInput, wait: Duration, env: Env<'_>) -> Outcome {
+    let token = target
+        .token
+        .as_ref()
+        .map(|t| t.expose())
+        .unwrap_or_default();
+    let memory = state::Memory::open(env, input.session_id.as_deref(), token);
     let blocked_before: BTreeSet<String> = memory.as_ref().map(|m| m.load()).unwrap_or_default();
     let unread = match client::peek_unread(target, wait, &blocked_before).await {
         Ok(u) => u,
@@ -294,93 +261,67 @@ fn summary(unread: &Unread) -> String {
 }
 
 /// Where the stop hook keeps what it last blocked for.
-fn state_dir(env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
-    let get = |k: &str| env(k).filter(|v| !v.trim().is_empty()).map(PathBuf::from);
-    get("PHONE_HOOK_STATE_DIR")
-        .or_else(|| get("XDG_STATE_HOME").map(|d| d.join("phone")))
-        .or_else(|| get("HOME").map(|h| h.join(".local/state/phone")))
+fn state_dir(env: Env<'_>) -> Option<PathBuf> {
+    remote::state_dir(env, "PHONE_HOOK_STATE_DIR")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser as _;
 
-    fn args(list: &[&str]) -> Vec<String> {
-        list.iter().map(|s| s.to_string()).collect()
+    #[derive(clap::Parser)]
+    struct Hook {
+        #[command(subcommand)]
+        command: Command,
+    }
+
+    fn parse(list: &[&str]) -> Result<Command, String> {
+        Hook::try_parse_from(std::iter::once("hook").chain(list.iter().copied()))
+            .map(|h| h.command)
+            .map_err(|e| e.to_string())
     }
 
     #[test]
     fn arguments_parse_or_say_what_is_wrong() {
-        assert!(
-            matches!(parse_args(&args(&["claude-stop"])), Ok(Command::Stop { wait }) if wait.is_zero())
+        assert_eq!(
+            parse(&["claude-stop"]),
+            Ok(Command::ClaudeStop {
+                wait: Duration::ZERO
+            })
+        );
+        assert_eq!(
+            parse(&["claude-stop", "--wait", "30"]),
+            Ok(Command::ClaudeStop {
+                wait: Duration::from_secs(30)
+            })
+        );
+        assert_eq!(
+            parse(&["claude-stop", "--wait=5"]),
+            Ok(Command::ClaudeStop {
+                wait: Duration::from_secs(5)
+            })
         );
         assert!(
-            matches!(parse_args(&args(&["claude-stop", "--wait", "30"])), Ok(Command::Stop { wait }) if wait.as_secs() == 30)
-        );
-        assert!(
-            matches!(parse_args(&args(&["claude-stop", "--wait=5"])), Ok(Command::Stop { wait }) if wait.as_secs() == 5)
-        );
-        assert!(
-            parse_args(&args(&["claude-stop", "--wait"]))
+            parse(&["claude-stop", "--wait"])
                 .unwrap_err()
-                .contains("seconds")
+                .contains("--wait")
         );
+        for bad in ["-1", "99999", "soon"] {
+            let err = parse(&["claude-stop", "--wait", bad]).unwrap_err();
+            assert!(err.contains("whole seconds from 0 to 3600"), "{err}");
+        }
         assert!(
-            parse_args(&args(&["claude-stop", "--wait", "-1"]))
-                .unwrap_err()
-                .contains("from 0 to")
-        );
-        assert!(
-            parse_args(&args(&["claude-stop", "--wait", "99999"]))
-                .unwrap_err()
-                .contains("from 0 to")
-        );
-        assert!(
-            parse_args(&args(&["claude-stop", "--loud"]))
+            parse(&["claude-stop", "--loud"])
                 .unwrap_err()
                 .contains("--loud")
         );
-        assert!(parse_args(&args(&["claude-session-start", "x"])).is_err());
+        assert!(parse(&["claude-session-start", "x"]).is_err());
         assert!(
-            parse_args(&args(&["claude-bogus"]))
+            parse(&["claude-bogus"])
                 .unwrap_err()
                 .contains("claude-bogus")
         );
-        assert!(parse_args(&[]).is_err());
-    }
-
-    #[test]
-    fn the_url_may_name_the_server_or_its_endpoint() {
-        let env = |url: &'static str| {
-            move |k: &str| match k {
-                "PHONE_URL" => Some(url.to_owned()),
-                "PHONE_TOKEN" => Some("t".to_owned()),
-                _ => None,
-            }
-        };
-        assert_eq!(
-            target(&env("https://p.example.com")).ok().unwrap().mcp_url,
-            "https://p.example.com/mcp"
-        );
-        assert_eq!(
-            target(&env("https://p.example.com/mcp"))
-                .ok()
-                .unwrap()
-                .mcp_url,
-            "https://p.example.com/mcp"
-        );
-        assert!(
-            target(&env("ftp://p.example.com"))
-                .err()
-                .unwrap()
-                .contains("http or https")
-        );
-        assert!(
-            target(&env("not a url"))
-                .err()
-                .unwrap()
-                .contains("not a URL")
-        );
-        assert!(target(&|_| None).err().unwrap().contains("PHONE_URL"));
+        assert!(parse(&[]).is_err());
     }
 }

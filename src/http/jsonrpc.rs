@@ -50,8 +50,13 @@ pub(super) async fn check_jsonrpc(max_body: usize, req: Request, next: Next) -> 
                 .into_response();
         }
     };
-    if let Err(problem) = validate_message(&bytes) {
-        return (StatusCode::BAD_REQUEST, problem).into_response();
+    let mut parts = parts;
+    match validate_message(&bytes) {
+        Err(problem) => return (StatusCode::BAD_REQUEST, problem).into_response(),
+        Ok(Kind::Handshake) => {
+            parts.extensions.insert(Handshake);
+        }
+        Ok(Kind::Other) => {}
     }
     let response = next
         .run(Request::from_parts(parts, Body::from(bytes)))
@@ -104,7 +109,24 @@ fn parse_error(bytes: &[u8]) -> Option<Json<serde_json::Value>> {
         .map(|e| jsonrpc_error(-32700, &format!("Parse error: {e}")))
 }
 
-fn validate_message(bytes: &[u8]) -> Result<(), Json<serde_json::Value>> {
+/// Marks a request whose JSON-RPC method is a handshake, for the check of
+/// its bearer token at the door (`bearer`), which needs not parse the body
+/// again.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Handshake;
+
+/// What kind of call a valid message is, as far as the layers before rmcp
+/// care.
+enum Kind {
+    /// A client connecting or discovering the server (see `bearer`).
+    Handshake,
+    Other,
+}
+
+/// The calls a client makes to connect and see what the server offers.
+const HANDSHAKE_METHODS: [&str; 3] = ["initialize", "server/discover", "tools/list"];
+
+fn validate_message(bytes: &[u8]) -> Result<Kind, Json<serde_json::Value>> {
     // Skipping over strings does not check their UTF-8; this does.
     if let Err(e) = std::str::from_utf8(bytes) {
         return Err(jsonrpc_error(
@@ -178,7 +200,10 @@ fn validate_message(bytes: &[u8]) -> Result<(), Json<serde_json::Value>> {
             "Invalid Request: a request needs a \"method\"",
         ));
     }
-    Ok(())
+    Ok(match envelope.method.as_deref() {
+        Some(m) if HANDSHAKE_METHODS.contains(&m) => Kind::Handshake,
+        _ => Kind::Other,
+    })
 }
 
 /// No tool argument needs more; deeper input only costs stack and time.
@@ -210,7 +235,7 @@ fn nesting_depth(bytes: &[u8]) -> usize {
     max
 }
 
-fn jsonrpc_error(code: i32, message: &str) -> Json<serde_json::Value> {
+pub(super) fn jsonrpc_error(code: i32, message: &str) -> Json<serde_json::Value> {
     Json(json!({"jsonrpc": "2.0", "id": null, "error": {"code": code, "message": message}}))
 }
 

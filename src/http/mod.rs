@@ -2,6 +2,7 @@
 //! `/console` (web pages, `crate::console`), `/health`, and the layers
 //! around them; `serve` is the accept loop.
 
+mod bearer;
 mod client_address;
 mod handover;
 mod health;
@@ -84,8 +85,13 @@ pub fn router(settings: &Settings, phone: Phone) -> Router {
             allowed_origins: settings.allowed_origins.clone(),
         },
     );
+    let door = phone.clone();
     let mcp = Router::new()
         .nest_service("/mcp", mcp)
+        // Inside the envelope check, which tells it the call's method.
+        .layer(middleware::from_fn(move |req, next| {
+            bearer::check(door.clone(), req, next)
+        }))
         .layer(middleware::from_fn(move |req, next| {
             jsonrpc::check_jsonrpc(max_body, req, next)
         }))

@@ -118,5 +118,10 @@ fn bearer_token(context: &RequestContext<RoleServer>) -> Result<Option<Token>, P
     if !scheme.eq_ignore_ascii_case("bearer") {
         return Err(InvalidInput::new("Authorization", "header must be 'Bearer <token>'").into());
     }
+    // `Bearer` and nothing: a template whose token was unset (a Claude Code
+    // plugin without its token option), as if there were no header.
+    if token.trim().is_empty() {
+        return Ok(None);
+    }
     Ok(Some(Token::parse(token)?))
 }
