@@ -402,6 +402,8 @@ fn compose_form(draft: &Draft<'_>, csrf: &str, reply_to_other: Option<&str>) -> 
     }
 }
 
+// A page is its parts: grouping them into a struct would only rename them.
+#[allow(clippy::too_many_arguments)]
 pub fn thread(
     chrome: &Chrome<'_>,
     notice: Option<Notice<'_>>,

@@ -131,8 +131,7 @@ fn inbox_sql(filter: &str, index_order: &str) -> String {
 }
 
 /// All of it: a key range of `messages_inbox_cover_idx`.
-static INBOX: LazyLock<String> =
-    LazyLock::new(|| inbox_sql("", "m.recipient_id DESC, m.id DESC"));
+static INBOX: LazyLock<String> = LazyLock::new(|| inbox_sql("", "m.recipient_id DESC, m.id DESC"));
 /// Unread only: the partial unread index (`messages_unread_idx`).
 static INBOX_UNREAD: LazyLock<String> = LazyLock::new(|| {
     inbox_sql(

@@ -106,13 +106,12 @@ struct Round {
     after: Option<u16>,
 }
 
+/// A replica's probe task and the rounds it recorded.
+type Probe = (tokio::task::JoinHandle<()>, Arc<Mutex<Vec<Round>>>);
+
 /// Probes each replica about every 100 ms until stopped; the probe's sends
 /// go to the load's recipients (so they are checked like the others).
-fn probe(
-    load: Arc<Load>,
-    agent: (String, String),
-    stop: Arc<AtomicBool>,
-) -> Vec<(tokio::task::JoinHandle<()>, Arc<Mutex<Vec<Round>>>)> {
+fn probe(load: Arc<Load>, agent: (String, String), stop: Arc<AtomicBool>) -> Vec<Probe> {
     (0..load.bases.len())
         .map(|r| {
             let rounds: Arc<Mutex<Vec<Round>>> = Arc::default();
@@ -353,7 +352,7 @@ pub async fn failover_under_load() {
                     .iter()
                     .filter(|(at, i, s)| *i == r && at >= t && at <= recovered && *s != Some(200))
                     .map(|(at, _, _)| *at)
-                    .last()?;
+                    .next_back()?;
                 crate::first_health(&samples, r, last_bad, |s| s == Some(200))
             })
             .fold(*t, f64::max)

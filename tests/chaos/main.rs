@@ -14,6 +14,7 @@
 //! does not have) are measured and written to `target/chaos/findings.md`;
 //! `PHONE_CHAOS_STRICT=1` turns them into failures.
 
+mod abuse;
 mod client;
 mod failover;
 mod harness;
@@ -910,6 +911,39 @@ async fn replica_killed_mid_webhook_delivery() {
 #[ignore = "chaos suite: run with `make chaos`"]
 async fn database_failover_under_load() {
     failover::failover_under_load().await;
+}
+
+// ---------------------------------------------------------------------------
+// The abuse suite (tests/chaos/abuse.rs): one outsider, default settings.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "chaos suite: run with `make chaos`"]
+async fn abuse_stranger_floods_an_inbox() {
+    abuse::stranger_floods_an_inbox().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "chaos suite: run with `make chaos`"]
+async fn abuse_neighbour_guesses_tokens() {
+    abuse::neighbour_guesses_tokens().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "chaos suite: run with `make chaos`"]
+async fn abuse_hanging_webhook_under_a_trickle() {
+    abuse::hanging_webhook_under_a_trickle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "chaos suite: run with `make chaos`"]
+async fn abuse_a_million_message_mailbox_in_the_console() {
+    abuse::a_million_message_mailbox_in_the_console().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "chaos suite: run with `make chaos`"]
+async fn abuse_a_name_server_that_never_answers() {
+    abuse::a_name_server_that_never_answers().await;
 }
 
 /// A quick sanity check of the harness itself (also `#[ignore]`d): one

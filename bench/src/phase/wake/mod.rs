@@ -7,6 +7,7 @@
 //! database and the server against an idle window (the README's "a
 //! waiting agent costs no queries").
 
+mod channel;
 mod ctx;
 mod pairs;
 mod rearming;
@@ -27,6 +28,7 @@ use crate::mode::Mode;
 use crate::replicas::{start_replicas, stop_replicas, targets};
 use crate::report::Report;
 use crate::stats;
+use channel::wake_channel;
 use ctx::WakeCtx;
 use pairs::wake_pairs;
 use rearming::wake_rearming;
@@ -126,6 +128,7 @@ async fn wake_phase(
         ('q', WAKE_PAIRS),
         ('r', WAKE_PAIRS),
         ('w', WAKE_SWARM),
+        ('c', 1),
     ] {
         db::seed_agents(&wdb, prefix, "wake", n as i64).await?;
     }
@@ -203,6 +206,28 @@ async fn wake_phase(
         pair_rows.push(row);
     }
     w.latency.splice(0..0, pair_rows);
+
+    // The same wake-up through `phone channel`, as an idle Claude Code
+    // session hears it.
+    let channel_waiter = seeded_agents('c', 1).remove(0);
+    match wake_channel(&ctx, &channel_waiter, mode.wake_rounds / 2).await {
+        Ok(row) => {
+            say!(
+                t0,
+                "wake: {}: {} samples, p50 {:.2} ms p99 {:.2} ms from the send; {}; errors {}",
+                row.short,
+                row.from_send.count,
+                row.from_send.p50,
+                row.from_send.p99,
+                row.once.describe(),
+                row.errors
+            );
+            w.latency.push(row);
+        }
+        Err(e) => report
+            .skipped
+            .push(format!("wake-up through phone channel: {e}")),
+    }
 
     // Racing pairs: sends that may land while the poll registers.
     let racing = long_poll::SendWhen::Racing {
