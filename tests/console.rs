@@ -854,3 +854,72 @@ async fn the_threads_page_of_a_big_mailbox_reads_a_bounded_part_of_it() {
     assert!(seen.len() >= 150, "{}", seen.len());
     app.stop().await;
 }
+
+/// Console pages cannot take the agents' connections: with the database
+/// stalled under the console (its sessions table locked), ten page loads
+/// from five signed-in browsers hold at most half of the pool, and an
+/// agent's call is still served meanwhile. Without the console's gate all
+/// four connections wait on the lock and the agent gets "busy".
+#[tokio::test]
+async fn console_tabs_leave_the_agents_their_connections() {
+    let app = spawn_app_with(&[("PHONE_POOL_SIZE", "4"), ("PHONE_POOL_TIMEOUT_MS", "500")]).await;
+    let c = app.client().await;
+    let owner = register(&c, "hoarder", "H", "p").await;
+    let other = register(&c, "other", "O", "p").await;
+    let mut browsers = Vec::new();
+    for _ in 0..5 {
+        browsers.push(Browser::signed_in(&app, &owner).await);
+    }
+    let lock = app.db().await;
+    lock.batch_execute("BEGIN; LOCK TABLE console_sessions IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let mut tabs = Vec::new();
+    for browser in &browsers {
+        for _ in 0..2 {
+            let (http, url, cookie) = (
+                browser.http.clone(),
+                format!("{}/console/inbox", browser.base),
+                browser.cookie_header(),
+            );
+            tabs.push(tokio::spawn(async move {
+                http.get(url)
+                    .header(header::COOKIE, cookie)
+                    .send()
+                    .await
+                    .map(|r| r.status())
+            }));
+        }
+    }
+    // The tabs are in, waiting on the lock (or on their turn).
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    let waiting: i64 = app
+        .db()
+        .await
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let served = call(
+        &c,
+        "phone_send",
+        other.with(json!({"to": "hoarder", "body": "still here"})),
+    )
+    .await;
+    lock.batch_execute("ROLLBACK").await.unwrap();
+    assert!(
+        served.is_error != Some(true),
+        "an agent's send failed while console tabs waited ({waiting} sessions waiting on the lock): {}",
+        text(&served)
+    );
+    assert!(
+        waiting <= 2,
+        "{waiting} console requests held connections at once; half the pool is 2"
+    );
+    for tab in tabs {
+        assert_eq!(tab.await.unwrap().unwrap(), StatusCode::OK);
+    }
+}

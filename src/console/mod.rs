@@ -8,6 +8,7 @@
 //! - `guard`: Host and Origin rules, cookies, security headers.
 //! - `pages`: the mailbox pages; `overview`: the operator's page and chart.
 
+mod gate;
 mod guard;
 mod overview;
 mod pages;
@@ -70,6 +71,7 @@ struct Console {
 /// The console's routes, to be nested at `/console`.
 pub fn router(phone: Phone, settings: Settings, rules: Rules) -> Router {
     let rules = Arc::new(rules);
+    let gate = Arc::new(gate::Gate::new(phone.store().pool().status().max_size));
     Router::new()
         .route("/", get(home))
         .route("/sign-in", get(sign_in_form).post(sign_in))
@@ -102,6 +104,9 @@ pub fn router(phone: Phone, settings: Settings, rules: Rules) -> Router {
             phone,
             settings: Arc::new(settings),
         })
+        .layer(middleware::from_fn(move |req: Request, next| {
+            gate::admit(gate.clone(), req, next)
+        }))
         .layer(middleware::from_fn(move |req: Request, next| {
             guard::check(rules.clone(), req, next)
         }))

@@ -1,0 +1,81 @@
+//! How much of a replica the console may use at once. Its pages are for
+//! people and can be opened in many tabs; the pool's connections are the
+//! agents' mail first. So console requests run at most half the pool's size
+//! at a time on a replica, and at most two per browser session, so ten tabs
+//! of one mailbox wait for each other, not for everyone else's mail.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use axum::{extract::Request, http::StatusCode, middleware::Next, response::Response};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::{guard, pages::problem};
+
+/// Console requests of one session (its cookie) running at once.
+const PER_SESSION: usize = 2;
+/// How long a request waits for its turn before "busy".
+const WAIT: Duration = Duration::from_secs(10);
+
+pub struct Gate {
+    all: Arc<Semaphore>,
+    sessions: Mutex<HashMap<String, Arc<Semaphore>>>,
+}
+
+impl Gate {
+    /// A gate for a replica whose pool holds `pool_size` connections.
+    pub fn new(pool_size: usize) -> Self {
+        Self {
+            all: Arc::new(Semaphore::new((pool_size / 2).max(1))),
+            sessions: Mutex::default(),
+        }
+    }
+
+    fn session(&self, key: &str) -> Arc<Semaphore> {
+        let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        // Sessions nobody is waiting on are forgotten, so the map holds
+        // only the sessions with requests in flight.
+        if sessions.len() > 1024 {
+            sessions.retain(|_, s| Arc::strong_count(s) > 1);
+        }
+        sessions
+            .entry(key.to_owned())
+            .or_insert_with(|| Arc::new(Semaphore::new(PER_SESSION)))
+            .clone()
+    }
+
+    async fn enter(&self, session: Option<&str>) -> Option<Vec<OwnedSemaphorePermit>> {
+        let mut permits = Vec::with_capacity(2);
+        let wait = async {
+            // The session's turn first: a session's own queue never holds
+            // a slot of the replica's share while it waits.
+            if let Some(key) = session {
+                permits.push(self.session(key).acquire_owned().await.ok()?);
+            }
+            permits.push(self.all.clone().acquire_owned().await.ok()?);
+            Some(())
+        };
+        tokio::time::timeout(WAIT, wait).await.ok()??;
+        Some(permits)
+    }
+}
+
+/// The middleware: waits for the request's turn, or answers 503.
+pub async fn admit(gate: Arc<Gate>, req: Request, next: Next) -> Response {
+    // Stylesheet and icon touch no database.
+    if req.uri().path().contains("/assets/") {
+        return next.run(req).await;
+    }
+    let session = guard::session_cookie(req.headers()).map(str::to_owned);
+    match gate.enter(session.as_deref()).await {
+        Some(_permits) => next.run(req).await,
+        None => problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Busy",
+            "The console is busy on this server; reload the page in a moment.",
+        ),
+    }
+}
