@@ -1,4 +1,8 @@
-.PHONY: run test db-stop build clean bench bench-quick cluster cluster-stop chaos demo-data image image-check screenshots
+.PHONY: help run test db-stop build clean clean-data bench bench-quick cluster cluster-stop chaos demo-data image image-check screenshots
+
+## help: this list
+help:
+	@grep -E '^## ' Makefile | sed 's/^## /  make /'
 
 ## run: build and start the server on :3000 (a private PostgreSQL under ./data/ unless DATABASE_URL is set)
 run:
@@ -8,7 +12,7 @@ run:
 test:
 	@scripts/test.sh
 
-## chaos: the fault suite (kill -9, PostgreSQL crash, network cut, pool exhaustion, slow clients, vanishing callers, a replica killed mid webhook delivery; ~4 min) on its own PostgreSQL; see docs/RELIABILITY.md
+## chaos: the fault suite (kill -9, PostgreSQL crash, network cut, pool exhaustion, slow clients, vanishing callers, a replica killed mid webhook delivery, a database failover, one outsider against the defaults; ~6 min) on its own PostgreSQL; see docs/RELIABILITY.md
 chaos:
 	@scripts/chaos.sh
 
@@ -32,11 +36,17 @@ cluster-stop:
 demo-data:
 	@scripts/demo-data.sh
 
+## build: the release binary (target/release/phone)
 build:
 	cargo build --release
 
+## clean: stop what make run / make cluster started and delete target/; keeps data/ (your local agents and their mail)
 clean: cluster-stop db-stop
-	rm -rf data target
+	rm -rf target
+
+## clean-data: clean, and delete data/ too: the local PostgreSQL with every agent, token and message in it
+clean-data: clean
+	rm -rf data
 
 ## bench: the full benchmark (~10 min on 2 cores); writes bench/RESULTS.md. Extra options: make bench ARGS="--only mix"
 bench:

@@ -9,9 +9,11 @@ if [ ! -x /usr/bin/chromium ]; then
     $sudo apt-get update -qq >&2
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >&2
 fi
-if ! command -v node >/dev/null 2>&1; then
-    echo "browser-setup: node is missing (Node.js 18 or later, with npm)" >&2
-    exit 1
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    echo "browser-setup: installing nodejs and npm (Debian packages)" >&2
+    sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    $sudo apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq nodejs npm >&2
 fi
 if [ ! -d tests/browser/node_modules/playwright-core ]; then
     echo "browser-setup: installing playwright-core (npm)" >&2

@@ -26,6 +26,7 @@ build() {
     "$container/standin-images.sh" >/dev/null
     local started=$(date +%s)
     echo "image: building $image from the Dockerfile" >&2
+    mkdir -p data
     "$podman" build --network host --format docker -t "$image" . >data/image-build.log 2>&1 \
         || { tail -n 40 data/image-build.log >&2; echo "image: build failed (data/image-build.log)" >&2; exit 1; }
     echo "image: built in $(( $(date +%s) - started )) s; $("$podman" image inspect "$image" --format '{{.Size}}' | awk '{printf "%.0f MB", $1/1e6}')" >&2

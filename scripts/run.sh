@@ -12,5 +12,7 @@ if [ -z "${DATABASE_URL:-}" ]; then
     echo "run: PostgreSQL in ./data/pg on port $port (stop it with: make db-stop)"
 fi
 export PORT=${PORT:-3000}
-cargo build --release --quiet
+echo "run: building the release binary (cargo build --release; a few minutes the first time)"
+cargo build --release
+echo "run: serving on http://127.0.0.1:$PORT (MCP at /mcp, console at /console, Ctrl-C stops)"
 exec ./target/release/phone

@@ -35,7 +35,9 @@ if cargo nextest --version >/dev/null 2>&1; then
     # Tests wait on the network and the database more than on the CPU.
     cargo nextest run --no-fail-fast --test-threads "${PHONE_TEST_THREADS:-8}" "$@" || status=$?
 else
-    cargo test --no-fail-fast -- --test-threads "${PHONE_TEST_THREADS:-8}" "$@" || status=$?
+    # cargo test takes the target selection (--test NAME) and a name filter
+    # before "--", the harness's options after.
+    cargo test --no-fail-fast "$@" -- --test-threads "${PHONE_TEST_THREADS:-8}" || status=$?
 fi
 
 # Clients and a conformance suite this project did not write (tests/clients).
