@@ -388,3 +388,37 @@ async fn unsupported_protocol_versions_get_the_specified_errors() {
     );
     app.stop().await;
 }
+
+/// Output schemas use no JSON Schema `type` arrays (`["string","null"]`),
+/// which the Inspector's --strict mode flags and some clients refuse.
+#[tokio::test]
+async fn output_schemas_carry_no_type_arrays() {
+    fn type_arrays(v: &Value, path: &str, found: &mut Vec<String>) {
+        match v {
+            Value::Object(map) => {
+                if map.get("type").is_some_and(Value::is_array) {
+                    found.push(path.to_owned());
+                }
+                for (k, child) in map {
+                    type_arrays(child, &format!("{path}.{k}"), found);
+                }
+            }
+            Value::Array(items) => {
+                for (i, child) in items.iter().enumerate() {
+                    type_arrays(child, &format!("{path}[{i}]"), found);
+                }
+            }
+            _ => {}
+        }
+    }
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let mut found = Vec::new();
+    for tool in c.list_all_tools().await.unwrap() {
+        let output = Value::Object((*tool.output_schema.clone().unwrap()).clone());
+        type_arrays(&output, &format!("{}.outputSchema", tool.name), &mut found);
+        let input = Value::Object((*tool.input_schema).clone());
+        type_arrays(&input, &format!("{}.inputSchema", tool.name), &mut found);
+    }
+    assert!(found.is_empty(), "type arrays at {found:?}");
+}

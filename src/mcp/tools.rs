@@ -147,7 +147,7 @@ pub fn definitions(rules: &MailRules) -> Vec<Tool> {
                 &["name", "description", "project"],
             ),
         )
-        .with_raw_output_schema(schema_for_output::<Registration>())
+        .with_raw_output_schema(output_schema::<Registration>())
         .with_annotations(annotations("Register", false, false, false, false)),
         Tool::new(
             SEARCH,
@@ -163,7 +163,7 @@ pub fn definitions(rules: &MailRules) -> Vec<Tool> {
                 &[],
             ),
         )
-        .with_raw_output_schema(schema_for_output::<SearchResult>())
+        .with_raw_output_schema(output_schema::<SearchResult>())
         .with_annotations(annotations("Search the directory", true, false, true, false)),
         Tool::new(
             SEND,
@@ -180,7 +180,7 @@ pub fn definitions(rules: &MailRules) -> Vec<Tool> {
                 &["body"],
             ),
         )
-        .with_raw_output_schema(schema_for_output::<Sent>())
+        .with_raw_output_schema(output_schema::<Sent>())
         .with_annotations(annotations("Send a message", false, false, false, true)),
         Tool::new(
             INBOX,
@@ -200,7 +200,7 @@ pub fn definitions(rules: &MailRules) -> Vec<Tool> {
                 &[],
             ),
         )
-        .with_raw_output_schema(schema_for_output::<Inbox>())
+        .with_raw_output_schema(output_schema::<Inbox>())
         .with_annotations(annotations("Check your inbox", false, false, false, false)),
         Tool::new(
             ACK,
@@ -211,7 +211,7 @@ pub fn definitions(rules: &MailRules) -> Vec<Tool> {
                 &["ids"],
             ),
         )
-        .with_raw_output_schema(schema_for_output::<Acked>())
+        .with_raw_output_schema(output_schema::<Acked>())
         .with_annotations(annotations("Acknowledge messages", false, false, true, false)),
         Tool::new(
             OUTBOX,
@@ -222,7 +222,7 @@ pub fn definitions(rules: &MailRules) -> Vec<Tool> {
                 &[],
             ),
         )
-        .with_raw_output_schema(schema_for_output::<Outbox>())
+        .with_raw_output_schema(output_schema::<Outbox>())
         .with_annotations(annotations("Sent messages and receipts", true, false, true, false)),
         Tool::new(
             THREAD,
@@ -237,7 +237,7 @@ pub fn definitions(rules: &MailRules) -> Vec<Tool> {
                 &["message_id"],
             ),
         )
-        .with_raw_output_schema(schema_for_output::<Thread>())
+        .with_raw_output_schema(output_schema::<Thread>())
         .with_annotations(annotations("Read a conversation", true, false, true, false)),
         Tool::new(
             SETTINGS,
@@ -259,21 +259,21 @@ pub fn definitions(rules: &MailRules) -> Vec<Tool> {
                 &[],
             ),
         )
-        .with_raw_output_schema(schema_for_output::<Settings>())
+        .with_raw_output_schema(output_schema::<Settings>())
         .with_annotations(annotations("Your settings", false, false, true, false)),
         Tool::new(
             ROTATE,
             "Replace your token; the old one stops working at once. Save the new one.",
             object(true, json!({}), &[]),
         )
-        .with_raw_output_schema(schema_for_output::<Rotated>())
+        .with_raw_output_schema(output_schema::<Rotated>())
         .with_annotations(annotations("Rotate your token", false, false, false, false)),
         Tool::new(
             UNREGISTER,
             "Leave the directory for good: your token stops working; mail is kept; the name stays reserved 30 days.",
             object(true, json!({}), &[]),
         )
-        .with_raw_output_schema(schema_for_output::<Unregistered>())
+        .with_raw_output_schema(output_schema::<Unregistered>())
         .with_annotations(annotations("Unregister", false, true, true, false)),
     ]
 }
@@ -290,4 +290,69 @@ fn annotations(
         .destructive(destructive)
         .idempotent(idempotent)
         .open_world(open_world)
+}
+
+/// `T`'s output schema without JSON Schema `type` arrays (`["string",
+/// "null"]` for an `Option`), which some clients' schema dialects refuse:
+/// each becomes an `anyOf` of one type per branch.
+fn output_schema<T: schemars::JsonSchema + std::any::Any>() -> Arc<JsonObject> {
+    let mut schema = Value::Object((*schema_for_output::<T>()).clone());
+    split_type_arrays(&mut schema);
+    match schema {
+        Value::Object(object) => Arc::new(object),
+        _ => unreachable!("an object stays an object"),
+    }
+}
+
+fn split_type_arrays(schema: &mut Value) {
+    match schema {
+        Value::Object(map) => {
+            map.values_mut().for_each(split_type_arrays);
+            let Some(Value::Array(types)) = map.get("type").cloned() else {
+                return;
+            };
+            map.remove("type");
+            // The description stays on the whole; the rest goes with each
+            // type it constrains.
+            let description = map.remove("description");
+            let rest = std::mem::take(map);
+            let branches = types
+                .into_iter()
+                .map(|t| {
+                    let mut branch = if t == "null" {
+                        Map::new()
+                    } else {
+                        rest.clone()
+                    };
+                    branch.insert("type".into(), t);
+                    Value::Object(branch)
+                })
+                .collect();
+            if let Some(description) = description {
+                map.insert("description".into(), description);
+            }
+            map.insert("anyOf".into(), Value::Array(branches));
+        }
+        Value::Array(items) => items.iter_mut().for_each(split_type_arrays),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn type_arrays_become_any_of() {
+        let mut schema = json!({"type": "object", "properties": {
+            "token": {"type": ["string", "null"], "description": "once", "minLength": 1},
+            "n": {"type": "integer"}}});
+        split_type_arrays(&mut schema);
+        assert_eq!(
+            schema["properties"]["token"],
+            json!({"description": "once", "anyOf": [
+                {"type": "string", "minLength": 1}, {"type": "null"}]})
+        );
+        assert_eq!(schema["properties"]["n"], json!({"type": "integer"}));
+    }
 }

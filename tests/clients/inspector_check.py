@@ -73,8 +73,8 @@ def main() -> int:
                 t = tools[name]
                 if (t.get("inputSchema") or {}).get("type") != "object" or not t.get("outputSchema"):
                     problem = f"{name} lacks an object inputSchema or an outputSchema: {json.dumps(t)[:300]}"
-        # Warnings (e.g. `"type": ["string", "null"]`, less portable to some model
-        # providers' schema dialects) do not fail the check; the summary shows them.
+        # Portability warnings (e.g. `"type": ["string", "null"]`, which some model
+        # providers' schema dialects refuse) fail the check: there must be none.
         warned = sorted({line.split('"')[1] for line in err.splitlines() if line.startswith("Warning: tool")})
         warning = ""
         if warned:
@@ -84,7 +84,8 @@ def main() -> int:
             warning = (f"{len(paths)} schema portability warning(s) in {', '.join(warned)}; "
                        f"first: {paths[0] if paths else '?'}: {first}")
             print(f"  inspector --strict said ({era}):\n{err}", flush=True)
-        record(f"tools/list --protocol-era {era} --strict", not problem, problem, warning)
+            problem = problem or warning
+        record(f"tools/list --protocol-era {era} --strict", not problem, problem)
 
     # tools/call: two agents registered with --tool-arg.
     alice, bob = f"insp-alice-{run_id}", f"insp-bob-{run_id}"
