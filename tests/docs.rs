@@ -227,10 +227,7 @@ fn files(dir: &Path, exts: &[&str], out: &mut Vec<PathBuf>) {
             if !path.ends_with("node_modules") && !path.ends_with("target") {
                 files(&path, exts, out);
             }
-        } else if exts
-            .iter()
-            .any(|e| path.to_string_lossy().ends_with(e))
-        {
+        } else if exts.iter().any(|e| path.to_string_lossy().ends_with(e)) {
             out.push(path);
         }
     }
@@ -281,7 +278,10 @@ fn variables_read() -> BTreeSet<String> {
     scripts.push(root().join("Makefile"));
     scripts.push(root().join("bench/run.sh"));
     let scripts = text_of(&scripts);
-    read.extend(names_with_prefixes(&scripts, &["PHONE_", "CLUSTER_", "DEMO_"]));
+    read.extend(names_with_prefixes(
+        &scripts,
+        &["PHONE_", "CLUSTER_", "DEMO_"],
+    ));
     read
 }
 
@@ -290,7 +290,11 @@ fn variables_read() -> BTreeSet<String> {
 fn repository_text() -> String {
     let mut paths = Vec::new();
     for dir in ["src", "scripts", "tests", "bench"] {
-        files(&root().join(dir), &[".rs", ".sh", ".py", ".mjs"], &mut paths);
+        files(
+            &root().join(dir),
+            &[".rs", ".sh", ".py", ".mjs"],
+            &mut paths,
+        );
     }
     paths.push(root().join("Makefile"));
     paths.push(root().join("Dockerfile"));
@@ -449,6 +453,9 @@ fn the_parsers_read_what_they_should() {
     );
     assert_eq!(
         names_with_prefixes("${PHONE_X:-1} $PHONE_Y PHONE_ Zphone_PHONE_Q", &["PHONE_"]),
-        ["PHONE_X", "PHONE_Y"].iter().map(|s| s.to_string()).collect()
+        ["PHONE_X", "PHONE_Y"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
     );
 }
