@@ -9,6 +9,8 @@
 //!   row names a variable that something in the repository reads;
 //! - wherever the docs quote the tool surface's size ("tool surface … N
 //!   bytes"), N is what the running server measures (printed here);
+//! - the protocol versions of docs/PROTOCOL.md are those `server/discover`
+//!   lists;
 //! - README.md fits in 12 KB;
 //! - every relative link in README.md and docs/ points at a file that exists.
 //!
@@ -384,6 +386,67 @@ async fn the_quoted_tool_surface_size_is_the_measured_one() {
     app.stop().await;
 }
 
+/// The dates (`YYYY-MM-DD`) in `text`.
+fn dates(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let bytes = text.as_bytes();
+    for at in 0..bytes.len().saturating_sub(9) {
+        let candidate = &bytes[at..at + 10];
+        let shape = candidate.iter().enumerate().all(|(i, b)| match i {
+            4 | 7 => *b == b'-',
+            _ => b.is_ascii_digit(),
+        });
+        let alone = (at == 0 || !bytes[at - 1].is_ascii_alphanumeric())
+            && bytes
+                .get(at + 10)
+                .is_none_or(|b| !b.is_ascii_alphanumeric());
+        if shape && alone {
+            out.insert(String::from_utf8(candidate.to_vec()).unwrap());
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn the_documented_protocol_versions_are_the_discovered_ones() {
+    let app = spawn_app().await;
+    let discover = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "server/discover",
+        "params": {"_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "docs-test", "version": "0"}}}});
+    let answer: serde_json::Value = reqwest::Client::new()
+        .post(app.mcp_url())
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "server/discover")
+        .json(&discover)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let served: BTreeSet<String> = answer["result"]["supportedVersions"]
+        .as_array()
+        .unwrap_or_else(|| panic!("server/discover: {answer}"))
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect();
+    let protocol = read("docs/PROTOCOL.md");
+    let section = protocol
+        .split("\n## ")
+        .find(|s| s.starts_with("Protocol versions"))
+        .expect("docs/PROTOCOL.md has a \"## Protocol versions\" section");
+    assert_eq!(
+        dates(section),
+        served,
+        "the versions docs/PROTOCOL.md's \"Protocol versions\" names against server/discover's supportedVersions"
+    );
+    app.stop().await;
+}
+
 #[test]
 fn the_readme_fits_in_12_kb() {
     let size = read("README.md").len();
@@ -450,6 +513,13 @@ fn the_parsers_read_what_they_should() {
     assert_eq!(
         quoted_surface_sizes("The tool surface is 4,711 bytes (printed).\nother 12 bytes"),
         [4711]
+    );
+    assert_eq!(
+        dates("2025-03-26, x2025-06-18 and 2025-11-25."),
+        ["2025-03-26", "2025-11-25"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
     );
     assert_eq!(
         names_with_prefixes("${PHONE_X:-1} $PHONE_Y PHONE_ Zphone_PHONE_Q", &["PHONE_"]),
