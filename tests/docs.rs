@@ -12,7 +12,8 @@
 //! - the protocol versions of docs/PROTOCOL.md are those `server/discover`
 //!   lists;
 //! - README.md fits in 12 KB;
-//! - every relative link in README.md and docs/ points at a file that exists.
+//! - every relative link in README.md and docs/ points at a file that exists,
+//!   and at a heading of it when it names one.
 //!
 //! The parsing is deliberately plain: lines, table rows, backticks.
 
@@ -467,20 +468,59 @@ fn relative_links_point_at_files_that_exist() {
             while let Some(at) = rest.find("](") {
                 rest = &rest[at + 2..];
                 let Some(end) = rest.find(')') else { break };
-                let target = rest[..end].split_whitespace().next().unwrap_or("");
-                let target = target.split('#').next().unwrap();
-                if target.is_empty() || target.contains("://") || target.starts_with("mailto:") {
+                let link = rest[..end].split_whitespace().next().unwrap_or("");
+                let (target, anchor) = link.split_once('#').unwrap_or((link, ""));
+                if link.contains("://") || link.starts_with("mailto:") {
                     continue;
                 }
-                let resolved = normalize(&dir.join(target));
+                let resolved = if target.is_empty() {
+                    PathBuf::from(&path)
+                } else {
+                    normalize(&dir.join(target))
+                };
                 let shown = resolved.to_string_lossy().into_owned();
-                if !root().join(&resolved).exists() && !LANDING_LATER.contains(&shown.as_str()) {
-                    broken.push(format!("{path}: {target}"));
+                if LANDING_LATER.contains(&shown.as_str()) {
+                    continue;
+                }
+                let Ok(text) = std::fs::read_to_string(root().join(&resolved)) else {
+                    if !root().join(&resolved).exists() {
+                        broken.push(format!("{path}: {link}"));
+                    }
+                    continue;
+                };
+                if !anchor.is_empty()
+                    && shown.ends_with(".md")
+                    && !prose(&text)
+                        .iter()
+                        .any(|l| heading_anchor(l).as_deref() == Some(anchor))
+                {
+                    broken.push(format!("{path}: {link} (no such heading)"));
                 }
             }
         }
     }
     assert!(broken.is_empty(), "links to nothing: {broken:?}");
+}
+
+/// The anchor GitHub gives a heading line (`## Deploy on Railway` →
+/// `deploy-on-railway`); `None` for other lines.
+fn heading_anchor(line: &str) -> Option<String> {
+    let title = line.trim_start_matches('#');
+    if title.len() == line.len() || !title.starts_with(' ') {
+        return None;
+    }
+    Some(
+        title
+            .trim()
+            .to_lowercase()
+            .chars()
+            .filter_map(|c| match c {
+                ' ' => Some('-'),
+                c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+                _ => None,
+            })
+            .collect(),
+    )
 }
 
 /// `a/b/../c` → `a/c` (without touching the file system).
@@ -514,6 +554,15 @@ fn the_parsers_read_what_they_should() {
         quoted_surface_sizes("The tool surface is 4,711 bytes (printed).\nother 12 bytes"),
         [4711]
     );
+    assert_eq!(
+        heading_anchor("## MCP subscriptions (protocol 2026-07-28)").as_deref(),
+        Some("mcp-subscriptions-protocol-2026-07-28")
+    );
+    assert_eq!(
+        heading_anchor("## `phone_register`").as_deref(),
+        Some("phone_register")
+    );
+    assert_eq!(heading_anchor("#no heading"), None);
     assert_eq!(
         dates("2025-03-26, x2025-06-18 and 2025-11-25."),
         ["2025-03-26", "2025-11-25"]
