@@ -5,8 +5,9 @@
 //!   server's `tools/list`, and each tool's documented arguments are its
 //!   `inputSchema` properties;
 //! - every environment variable the code and scripts read has a row in a
-//!   table of docs/CONFIGURATION.md (first column `` `NAME` ``), and every
-//!   row names a variable that something in the repository reads;
+//!   table of docs/CONFIGURATION.md (first column `` `NAME` ``), every
+//!   variable the docs name has one too, and every row names a variable
+//!   that something in the repository reads;
 //! - wherever the docs quote the tool surface's size ("tool surface … N
 //!   bytes"), N is what the running server measures (printed here);
 //! - the protocol versions of docs/PROTOCOL.md are those `server/discover`
@@ -318,6 +319,20 @@ fn every_variable_read_is_in_the_configuration_table_and_back() {
     assert!(
         missing.is_empty(),
         "read by the code or scripts but not in docs/CONFIGURATION.md: {missing:?}"
+    );
+    let mentioned: BTreeSet<String> = documents()
+        .iter()
+        .flat_map(|(path, text)| {
+            names_with_prefixes(text, &["PHONE_", "OTEL_", "RAILWAY_", "CLUSTER_", "DEMO_"])
+                .into_iter()
+                .map(move |name| (path.clone(), name))
+        })
+        .filter(|(_, name)| !documented.contains(name))
+        .map(|(path, name)| format!("{path}: {name}"))
+        .collect();
+    assert!(
+        mentioned.is_empty(),
+        "named in the docs but not in docs/CONFIGURATION.md's tables: {mentioned:?}"
     );
     let everything = repository_text();
     let stale: Vec<_> = documented
