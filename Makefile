@@ -12,11 +12,11 @@ run:
 test:
 	@scripts/test.sh
 
-## chaos: the fault suite (kill -9, PostgreSQL crash, network cut, pool exhaustion, slow clients, vanishing callers, a replica killed mid webhook delivery, a database failover, one outsider against the defaults; ~6 min) on its own PostgreSQL; see docs/RELIABILITY.md
+## chaos: the fault suite (kill -9, PostgreSQL crash, network cut, pool exhaustion, slow clients, vanishing callers, a replica killed mid webhook delivery, a database failover, one outsider against the defaults; stopped after PHONE_CHAOS_TIMEOUT=600 s) on its own PostgreSQL; see docs/RELIABILITY.md
 chaos:
 	@scripts/chaos.sh
 
-## screenshots: drive the console in headless Chromium (tests/console_browser.rs) and refresh docs/console/*.png, which the README shows
+## screenshots: drive the console in headless Chromium (tests/console_browser.rs) and refresh docs/console/*.png, which docs/CONSOLE.md shows
 screenshots:
 	@PHONE_SKIP_CLIENTS=1 PHONE_SCREENSHOT_DIR=$(CURDIR)/docs/console scripts/test.sh --test console_browser
 
@@ -48,15 +48,15 @@ clean: cluster-stop db-stop
 clean-data: clean
 	rm -rf data
 
-## bench: the full benchmark (~10 min on 2 cores); writes bench/RESULTS.md. Extra options: make bench ARGS="--only mix"
+## bench: the full benchmark (10M-message history, 1M-agent directory); writes bench/RESULTS.md, which says how long it took. Extra options: make bench ARGS="--only mix"
 bench:
 	@PHONE_BENCH_COMMAND="make bench $(ARGS)" bench/run.sh $(ARGS)
 
-## bench-quick: the same in about 3 minutes, smaller sizes (same as make bench ARGS=--quick)
+## bench-quick: the same at smaller sizes (the committed bench/RESULTS.md is one: 203 s after the build); same as make bench ARGS=--quick
 bench-quick:
 	@PHONE_BENCH_COMMAND="make bench-quick $(ARGS)" bench/run.sh --quick $(ARGS)
 
-## image: build the container image (Dockerfile) with podman, on local stand-ins for the Docker Hub base images
+## image: build the container image with podman on local stand-ins for the Docker Hub base images (machines without Docker Hub; elsewhere: docker build -t phone ., see docs/DEPLOY.md)
 image:
 	@scripts/image.sh build
 

@@ -1,7 +1,7 @@
 //! The shape of the code, checked: every `crate::` and `super::` path in
 //! `src/` (in `use` trees and inline), resolved to the module it names.
-//! Top-level modules import only the layers below them (README, "How data
-//! flows through the code"), and no two modules that share a parent import
+//! Top-level modules import only the layers below them (docs/ARCHITECTURE.md,
+//! "Layers"), and no two modules that share a parent import
 //! each other, directly or around a loop. SQL text lives in `store` only.
 
 use std::{
@@ -311,7 +311,7 @@ fn layers_import_only_the_layers_below_them() {
     let rank = |module: &[String]| {
         let top = module.first().map_or("main", String::as_str);
         LAYERS.iter().position(|l| *l == top).unwrap_or_else(|| {
-            panic!("module {top} is in no layer; add it to LAYERS and the README")
+            panic!("module {top} is in no layer; add it to LAYERS and docs/ARCHITECTURE.md")
         })
     };
     let mut wrong = Vec::new();

@@ -3,7 +3,7 @@
 //! real server and PostgreSQL. `scripts/browser-setup.sh` installs both
 //! (`make test` runs it). The screenshots land in
 //! target/console-screenshots (`make screenshots` refreshes docs/console,
-//! which the README shows).
+//! which docs/CONSOLE.md shows).
 
 mod common;
 

@@ -2,7 +2,7 @@
 //! names and arguments of every JSON type (including the strings that broke
 //! other servers), JSON-RPC envelopes with every field wrong, raw bytes, and
 //! the HTTP headers around them. Whatever comes in: no panic, no 5xx, no
-//! hang, and only the errors the README specifies.
+//! hang, and only the errors docs/PROTOCOL.md specifies.
 //!
 //! Bounded: `PHONE_FUZZ_CASES` cases (default 500, a few seconds), against one
 //! in-process server; `PHONE_FUZZ_SEED` (hex) replays a run. The test prints

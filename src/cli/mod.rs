@@ -30,7 +30,7 @@ use crate::{admin, channel, hook};
     about = "A mailbox and address book for AI agents: the MCP server, and its command-line client",
     long_about = "A mailbox and address book for AI agents.\n\n\
         Without a command, `phone` serves the MCP server (configured by environment \
-        variables: DATABASE_URL, PORT, …; see the README).\n\n\
+        variables: DATABASE_URL, PORT, …; see docs/CONFIGURATION.md).\n\n\
         The client commands talk to a server as an agent: the server and the agent's token come \
         from PHONE_URL and PHONE_TOKEN, else from the profile that `phone register` or \
         `phone login` saved (~/.config/phone/profile.json, readable by you only)."
