@@ -824,7 +824,10 @@ async fn the_threads_page_of_a_big_mailbox_reads_a_bounded_part_of_it() {
         read < 6000,
         "one view of the threads page read {read} entries of a 20,000-message mailbox"
     );
-    assert!(first.body.contains("thread 1999"), "the latest thread first");
+    assert!(
+        first.body.contains("thread 1999"),
+        "the latest thread first"
+    );
     assert_eq!(first.body.matches("with <bdi>bob</bdi>").count(), 50);
     // The next pages go on where this one stopped, never repeating a thread.
     let mut seen: std::collections::HashSet<String> = std::collections::HashSet::new();
@@ -843,7 +846,9 @@ async fn the_threads_page_of_a_big_mailbox_reads_a_bounded_part_of_it() {
             .next()
             .unwrap()
             .to_owned();
-        page = browser.get(&format!("/console/threads?before={older}")).await;
+        page = browser
+            .get(&format!("/console/threads?before={older}"))
+            .await;
         assert_eq!(page.status, StatusCode::OK);
     }
     assert!(seen.len() >= 150, "{}", seen.len());

@@ -173,6 +173,7 @@ fn state_badge(state: Delivery) -> Markup {
         Delivery::Read => "read",
         Delivery::Acknowledged => "acknowledged",
         Delivery::Dead => "dead",
+        Delivery::Expired => "expired",
     };
     html! { span class=(format!("badge {label}")) { (label) } }
 }

@@ -78,6 +78,30 @@ pub fn search(r: &SearchResult) -> String {
 }
 
 pub fn sent(r: &Sent) -> String {
+    if !r.recipients.is_empty() {
+        let verb = if r.replayed {
+            "Already sent earlier"
+        } else {
+            "Sent"
+        };
+        let mut out = format!("{verb} in thread {}:", r.thread_id);
+        for c in &r.recipients {
+            match (&c.id, &c.error) {
+                (Some(id), _) => {
+                    let _ = write!(out, "\n- {}: {id}", c.to);
+                }
+                (None, error) => {
+                    let _ = write!(
+                        out,
+                        "\n- {}: not sent: {}",
+                        c.to,
+                        error.as_deref().unwrap_or("")
+                    );
+                }
+            }
+        }
+        return out;
+    }
     if r.replayed {
         format!(
             "Already sent earlier as {} to {} (same idempotency_key); nothing new was sent.",
@@ -111,6 +135,9 @@ pub fn inbox(r: &Inbox) -> String {
         fence_note(&r.messages, &mark)
     );
     messages(&mut out, &r.messages, &mark);
+    if let Some(cursor) = &r.next_cursor {
+        let _ = writeln!(out, "\nMore: cursor={cursor}");
+    }
     out
 }
 
@@ -160,6 +187,9 @@ fn messages(out: &mut String, list: &[Message], mark: &str) {
         }
         if let Some(receipt) = &m.receipt {
             let _ = write!(out, ", receipt {receipt}");
+        }
+        if let Some(at) = &m.expires_at {
+            let _ = write!(out, ", expires {at}");
         }
         if m.dead_at.is_some() {
             let _ = write!(

@@ -51,6 +51,7 @@ pub const SEND_ARGS: &[&str] = &[
     "subject",
     "reply_to",
     "idempotency_key",
+    "expires_in",
 ];
 pub const INBOX_ARGS: &[&str] = &[
     "name",
@@ -62,6 +63,8 @@ pub const INBOX_ARGS: &[&str] = &[
     "lease_seconds",
     "max_deliveries",
     "wait_seconds",
+    "query",
+    "cursor",
 ];
 pub const ACK_ARGS: &[&str] = &["name", "token", "ids"];
 pub const OUTBOX_ARGS: &[&str] = &["name", "token", "limit", "cursor"];
@@ -171,11 +174,15 @@ pub fn definitions(rules: &MailRules) -> Vec<Tool> {
             object(
                 true,
                 json!({
-                    "to": string("Recipient's name"),
+                    "to": described(
+                        json!({"type": ["string", "array"], "items": {"type": "string"}}),
+                        "Name, or list of up to 20; with reply_to, \"*\": all in it",
+                    ),
                     "body": string("Message text (max 64 KiB)"),
                     "subject": string(""),
                     "reply_to": string("Id of the message you answer"),
                     "idempotency_key": string("Unique string; a retry with it never sends twice"),
+                    "expires_in": integer(1, crate::domain::send::EXPIRES_IN_MAX, "Seconds until it is no longer delivered"),
                 }),
                 &["body"],
             ),

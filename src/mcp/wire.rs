@@ -116,16 +116,37 @@ pub struct Sent {
     pub sent_at: String,
     /// True when this idempotency_key was seen before: nothing new was sent.
     pub replayed: bool,
+    /// A send to several: each recipient's message, or why it was not sent.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub recipients: Vec<CopySent>,
+}
+
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct CopySent {
+    pub to: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 impl From<mail::Sent> for Sent {
     fn from(s: mail::Sent) -> Self {
         Self {
             id: s.id.to_string(),
-            to: s.to.to_string(),
+            to: s.to,
             thread_id: s.thread_id.to_string(),
             sent_at: timestamp(s.sent_at),
             replayed: s.replayed,
+            recipients: s
+                .copies
+                .into_iter()
+                .map(|c| CopySent {
+                    to: c.to.to_string(),
+                    id: c.id.map(|id| id.to_string()),
+                    error: c.error,
+                })
+                .collect(),
         }
     }
 }
@@ -155,6 +176,9 @@ pub struct Message {
     /// Leased too often without an acknowledgement: it stopped coming back.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dead_at: Option<String>,
+    /// Its sender gave it a lifetime: unread by then, it is no longer delivered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
 }
 
 impl From<DomainMessage> for Message {
@@ -180,6 +204,7 @@ impl From<DomainMessage> for Message {
                 .to_string()
             }),
             dead_at: m.dead_at.map(timestamp),
+            expires_at: m.expires_at.map(timestamp),
         }
     }
 }
@@ -189,6 +214,9 @@ pub struct Inbox {
     pub messages: Vec<Message>,
     /// Unread messages still waiting after this call; 100 means "100 or more".
     pub unread_remaining: i64,
+    /// A search's next page: pass back as `cursor`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
 }
 
 impl From<mail::Inbox> for Inbox {
@@ -196,6 +224,16 @@ impl From<mail::Inbox> for Inbox {
         Self {
             messages: i.messages.into_iter().map(Message::from).collect(),
             unread_remaining: i.unread_remaining,
+            next_cursor: None,
+        }
+    }
+}
+
+impl From<crate::domain::mail_search::Found> for Inbox {
+    fn from(f: crate::domain::mail_search::Found) -> Self {
+        Self {
+            next_cursor: f.next_cursor,
+            ..Self::from(f.inbox)
         }
     }
 }
@@ -226,7 +264,7 @@ pub struct OutboxEntry {
     pub body: String,
     pub reply_to: Option<String>,
     pub thread_id: String,
-    /// waiting, leased, read, acknowledged or dead.
+    /// waiting, leased, read, acknowledged, dead or expired.
     pub state: String,
     pub sent_at: String,
     pub read_at: Option<String>,

@@ -107,6 +107,7 @@ pub struct Received {
 const STATE: &str = "CASE WHEN m.acked_at IS NOT NULL THEN 'acknowledged'
           WHEN m.read_at IS NOT NULL THEN 'read'
           WHEN m.dead_at IS NOT NULL THEN 'dead'
+          WHEN m.expires_at <= now() THEN 'expired'
           WHEN m.leased_until > now() THEN 'leased'
           ELSE 'waiting' END AS state";
 
@@ -131,8 +132,7 @@ fn inbox_sql(filter: &str, index_order: &str) -> String {
 }
 
 /// All of it: a key range of `messages_inbox_cover_idx`.
-static INBOX: LazyLock<String> =
-    LazyLock::new(|| inbox_sql("", "m.recipient_id DESC, m.id DESC"));
+static INBOX: LazyLock<String> = LazyLock::new(|| inbox_sql("", "m.recipient_id DESC, m.id DESC"));
 /// Unread only: the partial unread index (`messages_unread_idx`).
 static INBOX_UNREAD: LazyLock<String> = LazyLock::new(|| {
     inbox_sql(

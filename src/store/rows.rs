@@ -46,6 +46,8 @@ pub struct Message {
     pub leased_until: Option<DateTime<Utc>>,
     /// When it stopped coming back (leased too often, never acknowledged).
     pub dead_at: Option<DateTime<Utc>>,
+    /// When it is (or was) no longer delivered, if it has a lifetime.
+    pub expires_at: Option<DateTime<Utc>>,
 }
 
 impl Message {
@@ -65,6 +67,7 @@ impl Message {
             delivery_count: row.get("delivery_count"),
             leased_until: row.get("leased_until"),
             dead_at: row.get("dead_at"),
+            expires_at: row.get("expires_at"),
         }
     }
 }
@@ -78,6 +81,8 @@ pub enum Delivery {
     Acknowledged,
     /// Leased too often without an acknowledgement: it stopped coming back.
     Dead,
+    /// Its lifetime ended before it was read: it is no longer delivered.
+    Expired,
 }
 
 impl Delivery {
@@ -88,6 +93,7 @@ impl Delivery {
             Self::Read => "read",
             Self::Acknowledged => "acknowledged",
             Self::Dead => "dead",
+            Self::Expired => "expired",
         }
     }
 
@@ -97,6 +103,7 @@ impl Delivery {
             "read" => Self::Read,
             "leased" => Self::Leased,
             "dead" => Self::Dead,
+            "expired" => Self::Expired,
             _ => Self::Waiting,
         }
     }

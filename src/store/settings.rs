@@ -96,6 +96,28 @@ const MARK: &str = "WITH req AS (
            AND m.sender_id = ANY (ARRAY(SELECT id FROM target WHERE mark = 'unblock')))
      SELECT t.name, (SELECT count(*) FROM changed) AS changed FROM target t";
 
+/// A block's withdrawal once more, in a statement that begins after the
+/// block committed: a send whose statement began before the block and
+/// committed after the block's own withdrawal looked was seen by neither
+/// (each statement reads its own snapshot), and its message would wait in
+/// the inbox past the block (tests/teams.rs, a group send racing a block).
+/// `$1` the agent, `$2` names it blocked. `messages_unread_sender_idx`.
+const WITHDRAW_AGAIN: &str = "UPDATE messages m SET dead_at = now(), dead_reason = 'blocked'
+     WHERE m.recipient_id = $1 AND m.read_at IS NULL AND m.dead_at IS NULL
+       AND m.sender_id = ANY (ARRAY(
+           SELECT c.other_id FROM contacts c JOIN agents a ON a.id = c.other_id
+           WHERE c.agent_id = $1 AND c.is_blocked AND a.name = ANY ($2::text[])))";
+
+/// [`WITHDRAW_AGAIN`]: run it after the block's transaction committed.
+pub async fn withdraw_again(
+    db: &Client,
+    agent_id: i64,
+    blocked: &[&str],
+) -> Result<u64, StoreError> {
+    let stmt = db.prepare_cached(WITHDRAW_AGAIN).await?;
+    db.execute(&stmt, &[&agent_id, &blocked]).await
+}
+
 /// Rows of `$1` that say nothing any more (after a disallow or unblock).
 const PRUNE: &str =
     "DELETE FROM contacts WHERE agent_id = $1 AND NOT is_contact AND NOT is_blocked";

@@ -1,0 +1,102 @@
+//! Search of one's own mail: full text over subject and body of what the
+//! caller sent or received, ranked, with filters and paging.
+
+use std::sync::LazyLock;
+
+use chrono::{DateTime, Utc};
+
+use super::fragments::{
+    INBOX_ORDER, SENDER_LOOKUP, available_to, caller_by_token, message_columns_seen_by,
+    presence_write,
+};
+use super::messages::Polled;
+use super::{Client, StoreError};
+
+/// One search: the words (any text: `plainto_tsquery` parses no operator),
+/// and the filters.
+#[derive(Debug, Clone)]
+pub struct MailQuery<'a> {
+    pub words: &'a str,
+    /// Only mail with this agent (by name; every agent that held it).
+    pub with: Option<&'a str>,
+    pub thread_id: Option<i64>,
+    pub since: Option<DateTime<Utc>>,
+    pub limit: i64,
+    pub offset: i64,
+}
+
+/// `$1` token digest, `$2` claimed name, `$3` words, `$4` the other party's
+/// name (NULL: any), `$5` thread (NULL: any), `$6` sent at or after (NULL:
+/// any), `$7` rows, `$8` rows skipped, `$9` cap of the unread count. One row
+/// per message, best first (or one without a message), each with `me_id`
+/// and the caller's unread count as `waiting`.
+///
+/// Only ever the caller's mail, twice over: the tsquery ANDs the caller's
+/// own lexeme (`'p <id>'`, see migration V13), so `messages_search_idx`
+/// yields only its messages, and every row is checked to be sent or
+/// received by it. Ranking reads only those rows.
+static SEARCH: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH me AS (SELECT id, name, last_seen_at FROM agents WHERE {caller}),
+              touched AS ({touch}),
+              q AS (SELECT plainto_tsquery('english', $3) AS words,
+                           plainto_tsquery('english', $3) && ('''p ' || me.id || '''')::tsquery AS mine
+                    FROM me)
+         SELECT me.id AS me_id, {columns},
+                (SELECT count(*) FROM (
+                     SELECT 1 FROM messages m WHERE {available}
+                     ORDER BY {INBOX_ORDER} LIMIT $9) w) AS waiting
+         FROM me CROSS JOIN q
+         LEFT JOIN LATERAL (
+             SELECT m.* FROM messages m
+             WHERE m.search @@ q.mine AND numnode(q.words) > 0
+               AND (m.sender_id = me.id OR m.recipient_id = me.id)
+               AND ($4::text IS NULL OR EXISTS (
+                       SELECT 1 FROM agents o
+                       WHERE o.name = $4::text AND o.id IN (m.sender_id, m.recipient_id)
+                         AND o.id <> me.id))
+               AND ($5::bigint IS NULL OR m.thread_id = $5::bigint)
+               AND ($6::timestamptz IS NULL OR m.sent_at >= $6::timestamptz)
+             ORDER BY ts_rank(m.search, q.words) DESC, m.id DESC
+             LIMIT $7 OFFSET $8) m ON true
+         {SENDER_LOOKUP}
+         LEFT JOIN agents r ON r.id = m.recipient_id
+         ORDER BY ts_rank(m.search, q.words) DESC, m.id DESC",
+        caller = caller_by_token("$1", "$2"),
+        touch = presence_write("SELECT id, last_seen_at FROM me"),
+        columns = message_columns_seen_by("r.name", "me.id"),
+        available = available_to("me.id"),
+    )
+});
+
+/// `None` in `me_id` when the credentials are not accepted.
+pub async fn search(
+    db: &Client,
+    token_hash: &[u8],
+    claimed: Option<&str>,
+    query: &MailQuery<'_>,
+    cap: i64,
+) -> Result<Polled, StoreError> {
+    let stmt = db.prepare_cached(&SEARCH).await?;
+    let rows = db
+        .query(
+            &stmt,
+            &[
+                &token_hash,
+                &claimed,
+                &query.words,
+                &query.with,
+                &query.thread_id,
+                &query.since,
+                &query.limit,
+                &query.offset,
+                &cap,
+            ],
+        )
+        .await?;
+    let mut found = Polled::default();
+    for row in &rows {
+        found.add_row(row);
+    }
+    Ok(found)
+}
