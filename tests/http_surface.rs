@@ -388,3 +388,67 @@ async fn unsupported_protocol_versions_get_the_specified_errors() {
     );
     app.stop().await;
 }
+
+/// JSON as Python's `json.dumps(value, separators=(",", ":"))` writes it
+/// (the official Python client's view; non-ASCII escaped as `\uXXXX`).
+fn python_compact(value: &Value) -> usize {
+    serde_json::to_string(value)
+        .unwrap()
+        .chars()
+        .map(|c| match c.len_utf16() {
+            _ if c.is_ascii() => 1,
+            n => 6 * n,
+        })
+        .sum()
+}
+
+/// The surface budget (issue 28), measured from outside as the official
+/// Python client sees it: the tools' names, descriptions and input schemas
+/// as compact JSON at most 5,000 bytes, at most 10 tools; an inbox of 20
+/// short messages (54-byte bodies) at most 8,000 bytes of text plus
+/// `structuredContent`, its fence still a fresh mark found in no body.
+#[tokio::test]
+async fn the_surface_stays_within_its_budget() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let tools = c.list_all_tools().await.unwrap();
+    assert!(tools.len() <= 10, "{} tools", tools.len());
+    let listed: Vec<Value> = tools
+        .iter()
+        .map(|t| {
+            json!({"name": t.name, "description": t.description, "inputSchema": *t.input_schema})
+        })
+        .collect();
+    let surface = python_compact(&Value::Array(listed));
+    println!("tool surface (names, descriptions, input schemas): {surface} bytes");
+    assert!(surface <= 5_000, "tool surface {surface} bytes");
+
+    let coder = register(&c, "coder", "Writes code", "hassing").await;
+    let email = register(&c, "email", "Reads mail", "hassing").await;
+    for i in 0..20 {
+        let body = format!("Please fetch the latest invoice mail, number {i:02}, now."); // 54 bytes
+        assert_eq!(body.len(), 54);
+        ok(&c, "phone_send", coder.with(json!({"to": "email", "body": body}))).await;
+    }
+    let inbox = call(&c, "phone_inbox", email.with(json!({"limit": 20}))).await;
+    let structured = inbox.structured_content.clone().unwrap();
+    assert_eq!(structured["messages"].as_array().unwrap().len(), 20);
+    let rendered = text(&inbox);
+    let bytes = rendered.len() + python_compact(&structured);
+    println!(
+        "inbox of 20: text {} + structuredContent {} = {bytes} bytes",
+        rendered.len(),
+        python_compact(&structured)
+    );
+    assert!(bytes <= 8_000, "inbox of 20: {bytes} bytes");
+    // The fence: announced once, a mark no body holds, around every body.
+    let mark = rendered
+        .split("mark ")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_alphanumeric()).next())
+        .expect("the answer announces its fence mark")
+        .to_owned();
+    assert!(mark.len() >= 8, "{mark}");
+    assert_eq!(rendered.matches(&format!("fence=\"{mark}\"")).count(), 40, "{rendered}");
+    app.stop().await;
+}

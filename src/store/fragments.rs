@@ -56,6 +56,13 @@ pub fn available_to(recipient: &str) -> String {
     )
 }
 
+/// A message's words and parties as `messages_search_idx` indexes them
+/// (migration V13, character for character): a tsvector of `messages m`.
+pub const MESSAGE_SEARCH: &str = "(
+    setweight(to_tsvector('english'::regconfig, coalesce(m.subject, '')), 'A') ||
+    setweight(to_tsvector('english'::regconfig, m.body), 'B') ||
+    array_to_tsvector(ARRAY['p ' || m.sender_id, 'p ' || m.recipient_id]))";
+
 /// The order an inbox is read in (`messages m`). The unread counts order by
 /// it too, so that no plan counts with a sequential scan (a generic plan
 /// did, with statistics dominated by one inbox's backlog).

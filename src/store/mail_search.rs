@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 use chrono::{DateTime, Utc};
 
 use super::fragments::{
-    INBOX_ORDER, SENDER_LOOKUP, available_to, caller_by_token, message_columns_seen_by,
+    INBOX_ORDER, MESSAGE_SEARCH, SENDER_LOOKUP, available_to, caller_by_token, message_columns_seen_by,
     presence_write,
 };
 use super::messages::Polled;
@@ -48,8 +48,8 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
                      ORDER BY {INBOX_ORDER} LIMIT $9) w) AS waiting
          FROM me CROSS JOIN q
          LEFT JOIN LATERAL (
-             SELECT m.* FROM messages m
-             WHERE m.search @@ q.mine AND numnode(q.words) > 0
+             SELECT m.*, ts_rank({MESSAGE_SEARCH}, q.words) AS rank FROM messages m
+             WHERE {MESSAGE_SEARCH} @@ q.mine AND numnode(q.words) > 0
                AND (m.sender_id = me.id OR m.recipient_id = me.id)
                AND ($4::text IS NULL OR EXISTS (
                        SELECT 1 FROM agents o
@@ -57,11 +57,11 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
                          AND o.id <> me.id))
                AND ($5::bigint IS NULL OR m.thread_id = $5::bigint)
                AND ($6::timestamptz IS NULL OR m.sent_at >= $6::timestamptz)
-             ORDER BY ts_rank(m.search, q.words) DESC, m.id DESC
+             ORDER BY rank DESC, m.id DESC
              LIMIT $7 OFFSET $8) m ON true
          {SENDER_LOOKUP}
          LEFT JOIN agents r ON r.id = m.recipient_id
-         ORDER BY ts_rank(m.search, q.words) DESC, m.id DESC",
+         ORDER BY m.rank DESC, m.id DESC",
         caller = caller_by_token("$1", "$2"),
         touch = presence_write("SELECT id, last_seen_at FROM me"),
         columns = message_columns_seen_by("r.name", "me.id"),
