@@ -337,7 +337,13 @@ async fn text_renderings_are_compact_not_a_second_copy_of_the_json() {
         .unwrap()
         .len();
     println!("inbox of 3 messages: text {text_len} bytes, structuredContent {json_len} bytes");
-    assert!(text_len < json_len, "text {text_len} vs json {json_len}");
+    // The text carries fences the JSON does not need, but not the JSON's keys.
+    assert!(text_len < 2 * json_len, "text {text_len} vs json {json_len}");
+    assert!(
+        !text(&result).contains("\"from_project\"") && !text(&result).contains("\"body\""),
+        "{}",
+        text(&result)
+    );
     let rendered = text(&result);
     for needle in [
         "from alice (project \"research\")",
@@ -426,7 +432,7 @@ async fn the_surface_stays_within_its_budget() {
     let coder = register(&c, "coder", "Writes code", "hassing").await;
     let email = register(&c, "email", "Reads mail", "hassing").await;
     for i in 0..20 {
-        let body = format!("Please fetch the latest invoice mail, number {i:02}, now."); // 54 bytes
+        let body = format!("Please fetch the latest invoice mail, number {i:03}, now.");
         assert_eq!(body.len(), 54);
         ok(&c, "phone_send", coder.with(json!({"to": "email", "body": body}))).await;
     }

@@ -240,7 +240,7 @@ impl PhoneServer {
         let found = self.0.phone.search_mail(&creds, &search).await?;
         auth::record_agent(&creds);
         let out = wire::Inbox::from(found);
-        Ok((success(&out, render::inbox(&out)), Delivered::default()))
+        Ok((success(&out, render::found(&out)), Delivered::default()))
     }
 
     async fn dispatch(
@@ -341,7 +341,10 @@ impl PhoneServer {
                     InboxMode::Lease { .. } => Some(("lease", n)),
                     InboxMode::Peek | InboxMode::History => None,
                 };
-                let out = wire::Inbox::from(inbox);
+                let mut out = wire::Inbox::from(inbox);
+                if req.mode == InboxMode::Read {
+                    out = out.read_poll();
+                }
                 Ok((
                     success(&out, render::inbox(&out)),
                     Delivered { sent: 0, read },

@@ -123,7 +123,17 @@ fn message_mark(list: &[Message]) -> String {
     }))
 }
 
+/// An inbox: every message is to the caller, so none says so.
 pub fn inbox(r: &Inbox) -> String {
+    listing(r, false)
+}
+
+/// A search of one's mail: sent and received, so each says to whom.
+pub fn found(r: &Inbox) -> String {
+    listing(r, true)
+}
+
+fn listing(r: &Inbox, show_to: bool) -> String {
     let remaining = match r.unread_remaining {
         100.. => "100+".to_string(),
         n => n.to_string(),
@@ -134,7 +144,7 @@ pub fn inbox(r: &Inbox) -> String {
         r.messages.len(),
         fence_note(&r.messages, &mark)
     );
-    messages(&mut out, &r.messages, &mark);
+    messages(&mut out, &r.messages, &mark, show_to);
     if let Some(cursor) = &r.next_cursor {
         let _ = writeln!(out, "\nMore: cursor={cursor}");
     }
@@ -149,7 +159,7 @@ pub fn thread(r: &Thread) -> String {
         r.messages.len(),
         fence_note(&r.messages, &mark)
     );
-    messages(&mut out, &r.messages, &mark);
+    messages(&mut out, &r.messages, &mark, true);
     if let Some(cursor) = &r.next_cursor {
         let _ = writeln!(out, "\nMore: cursor={cursor}");
     }
@@ -164,17 +174,19 @@ fn fence_note(list: &[Message], mark: &str) -> String {
     }
 }
 
-fn messages(out: &mut String, list: &[Message], mark: &str) {
+fn messages(out: &mut String, list: &[Message], mark: &str, show_to: bool) {
     for m in list {
         let _ = write!(
             out,
-            "\n[{}] from {} (project {}) to {} at {}",
+            "\n[{}] from {} (project {})",
             m.id,
             m.from,
             quoted(&m.from_project),
-            m.to,
-            m.sent_at
         );
+        if show_to {
+            let _ = write!(out, " to {}", m.to);
+        }
+        let _ = write!(out, " at {}", m.sent_at);
         if let Some(original) = &m.reply_to {
             let _ = write!(out, ", reply to {original}");
         }
@@ -182,7 +194,7 @@ fn messages(out: &mut String, list: &[Message], mark: &str) {
             let _ = write!(
                 out,
                 ", leased until {until} (delivery {})",
-                m.delivery_count
+                m.delivery_count.unwrap_or_default()
             );
         }
         if let Some(receipt) = &m.receipt {
@@ -195,7 +207,7 @@ fn messages(out: &mut String, list: &[Message], mark: &str) {
             let _ = write!(
                 out,
                 ", dead (leased {} times, never acknowledged)",
-                m.delivery_count
+                m.delivery_count.unwrap_or_default()
             );
         }
         out.push('\n');
