@@ -338,7 +338,10 @@ async fn text_renderings_are_compact_not_a_second_copy_of_the_json() {
         .len();
     println!("inbox of 3 messages: text {text_len} bytes, structuredContent {json_len} bytes");
     // The text carries fences the JSON does not need, but not the JSON's keys.
-    assert!(text_len < 2 * json_len, "text {text_len} vs json {json_len}");
+    assert!(
+        text_len < 2 * json_len,
+        "text {text_len} vs json {json_len}"
+    );
     assert!(
         !text(&result).contains("\"from_project\"") && !text(&result).contains("\"body\""),
         "{}",
@@ -434,7 +437,12 @@ async fn the_surface_stays_within_its_budget() {
     for i in 0..20 {
         let body = format!("Please fetch the latest invoice mail, number {i:03}, now.");
         assert_eq!(body.len(), 54);
-        ok(&c, "phone_send", coder.with(json!({"to": "email", "body": body}))).await;
+        ok(
+            &c,
+            "phone_send",
+            coder.with(json!({"to": "email", "body": body})),
+        )
+        .await;
     }
     let inbox = call(&c, "phone_inbox", email.with(json!({"limit": 20}))).await;
     let structured = inbox.structured_content.clone().unwrap();
@@ -455,6 +463,10 @@ async fn the_surface_stays_within_its_budget() {
         .expect("the answer announces its fence mark")
         .to_owned();
     assert!(mark.len() >= 8, "{mark}");
-    assert_eq!(rendered.matches(&format!("fence=\"{mark}\"")).count(), 40, "{rendered}");
+    assert_eq!(
+        rendered.matches(&format!("fence=\"{mark}\"")).count(),
+        40,
+        "{rendered}"
+    );
     app.stop().await;
 }

@@ -387,7 +387,11 @@ async fn expired_mail_is_not_delivered_and_shows_expired() {
     let text_history = text(&call(&c, "phone_inbox", b.with(json!({"include_read": true}))).await);
     assert!(text_history.contains("expires"), "{text_history}");
     assert_eq!(history["messages"].as_array().unwrap().len(), 3);
-    assert_eq!(app.count("SELECT count(*) FROM messages").await, 4, "expired rows stay");
+    assert_eq!(
+        app.count("SELECT count(*) FROM messages").await,
+        4,
+        "expired rows stay"
+    );
     let err = tool_err(
         &c,
         "phone_send",

@@ -28,6 +28,8 @@ pub const MAX_DELIVERIES_DEFAULT: u32 = 10;
 pub const MAX_DELIVERIES_MAX: u32 = 1000;
 pub const ACK_IDS_MAX: usize = 100;
 pub const LIST_LIMIT_MAX: u32 = 100;
+/// `PHONE_STALE_AFTER_DAYS` unless set.
+pub const STALE_AFTER_DAYS_DEFAULT: u32 = 90;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InboxMode {
@@ -65,6 +67,9 @@ pub struct MailRules {
     /// Webhooks may point at private addresses and use http (local stacks,
     /// tests).
     pub webhooks_allow_private: bool,
+    /// Agents unseen for this many days are stale: out of search results
+    /// (found by exact name only) until seen again. 0: never.
+    pub stale_after_days: u32,
 }
 
 impl Default for MailRules {
@@ -73,6 +78,7 @@ impl Default for MailRules {
             max_wait_secs: WAIT_SECONDS_MAX,
             max_deliveries: MAX_DELIVERIES_DEFAULT,
             webhooks_allow_private: false,
+            stale_after_days: STALE_AFTER_DAYS_DEFAULT,
         }
     }
 }

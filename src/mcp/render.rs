@@ -63,9 +63,10 @@ pub fn search(r: &SearchResult) -> String {
     );
     for a in &r.agents {
         let seen = a.last_seen_at.as_deref().unwrap_or("never");
+        let stale = if a.stale { ", stale" } else { "" };
         let _ = writeln!(
             out,
-            "- {} (project {}, last seen {seen})\n<about fence=\"{mark}\">{}</about fence=\"{mark}\">",
+            "- {} (project {}, last seen {seen}{stale})\n<about fence=\"{mark}\">{}</about fence=\"{mark}\">",
             a.name,
             quoted(&a.project),
             a.description

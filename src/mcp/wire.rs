@@ -19,6 +19,10 @@ pub struct AgentCard {
     pub project: String,
     pub registered_at: String,
     pub last_seen_at: Option<String>,
+    /// Unseen for long: out of search results until it is seen again (its
+    /// exact name still finds it, and mail to it still waits for it).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub stale: bool,
 }
 
 impl From<DomainCard> for AgentCard {
@@ -29,6 +33,7 @@ impl From<DomainCard> for AgentCard {
             project: a.project,
             registered_at: timestamp(a.registered_at),
             last_seen_at: a.last_seen_at.map(timestamp),
+            stale: a.stale,
         }
     }
 }

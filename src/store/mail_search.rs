@@ -6,8 +6,8 @@ use std::sync::LazyLock;
 use chrono::{DateTime, Utc};
 
 use super::fragments::{
-    INBOX_ORDER, MESSAGE_SEARCH, SENDER_LOOKUP, available_to, caller_by_token, message_columns_seen_by,
-    presence_write,
+    INBOX_ORDER, MESSAGE_SEARCH, SENDER_LOOKUP, available_to, caller_by_token,
+    message_columns_seen_by, presence_write,
 };
 use super::messages::Polled;
 use super::{Client, StoreError};

@@ -12,6 +12,8 @@ pub struct AgentCard {
     pub project: String,
     pub registered_at: DateTime<Utc>,
     pub last_seen_at: Option<DateTime<Utc>>,
+    /// Unseen for longer than the server's stale period.
+    pub stale: bool,
 }
 
 impl AgentCard {
@@ -22,6 +24,7 @@ impl AgentCard {
             project: row.get("project"),
             registered_at: row.get("registered_at"),
             last_seen_at: row.get("last_seen_at"),
+            stale: row.get("stale"),
         }
     }
 }
