@@ -34,31 +34,45 @@ pub struct MailQuery<'a> {
 /// Only ever the caller's mail, twice over: the tsquery ANDs the caller's
 /// own lexeme (`'p <id>'`, see migration V13), so `messages_search_idx`
 /// yields only its messages, and every row is checked to be sent or
-/// received by it. Ranking reads only those rows.
+/// received by it.
+///
+/// Ranking reads each candidate's text again (the index is on an
+/// expression), so only the newest [`SEARCH_CANDIDATES`] matches are ranked:
+/// a word in thousands of one's messages costs a bitmap of them and the
+/// ranking of a bounded few, not thousands of `to_tsvector` calls. The
+/// matches are a CTE of their own without an order, so no plan can look for
+/// them by walking the primary key backwards and parsing every body.
 static SEARCH: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH me AS (SELECT id, name, last_seen_at FROM agents WHERE {caller}),
               touched AS ({touch}),
               q AS (SELECT plainto_tsquery('english', $3) AS words,
                            plainto_tsquery('english', $3) && ('''p ' || me.id || '''')::tsquery AS mine
-                    FROM me)
+                    FROM me),
+              matched AS MATERIALIZED (
+                  SELECT m.id FROM messages m, me
+                  WHERE {MESSAGE_SEARCH} @@ (SELECT mine FROM q)
+                    AND (SELECT numnode(words) > 0 FROM q)
+                    AND (m.sender_id = me.id OR m.recipient_id = me.id)
+                    AND ($4::text IS NULL OR EXISTS (
+                            SELECT 1 FROM agents o
+                            WHERE o.name = $4::text AND o.id IN (m.sender_id, m.recipient_id)
+                              AND o.id <> me.id))
+                    AND ($5::bigint IS NULL OR m.thread_id = $5::bigint)
+                    AND ($6::timestamptz IS NULL OR m.sent_at >= $6::timestamptz)),
+              ranked AS MATERIALIZED (
+                  SELECT m.*, ts_rank({MESSAGE_SEARCH}, q.words) AS rank
+                  FROM messages m, q
+                  WHERE m.id = ANY (ARRAY(
+                      SELECT id FROM matched ORDER BY id DESC LIMIT {SEARCH_CANDIDATES}))
+                  ORDER BY rank DESC, m.id DESC
+                  LIMIT $7 OFFSET $8)
          SELECT me.id AS me_id, {columns},
                 (SELECT count(*) FROM (
                      SELECT 1 FROM messages m WHERE {available}
                      ORDER BY {INBOX_ORDER} LIMIT $9) w) AS waiting
-         FROM me CROSS JOIN q
-         LEFT JOIN LATERAL (
-             SELECT m.*, ts_rank({MESSAGE_SEARCH}, q.words) AS rank FROM messages m
-             WHERE {MESSAGE_SEARCH} @@ q.mine AND numnode(q.words) > 0
-               AND (m.sender_id = me.id OR m.recipient_id = me.id)
-               AND ($4::text IS NULL OR EXISTS (
-                       SELECT 1 FROM agents o
-                       WHERE o.name = $4::text AND o.id IN (m.sender_id, m.recipient_id)
-                         AND o.id <> me.id))
-               AND ($5::bigint IS NULL OR m.thread_id = $5::bigint)
-               AND ($6::timestamptz IS NULL OR m.sent_at >= $6::timestamptz)
-             ORDER BY rank DESC, m.id DESC
-             LIMIT $7 OFFSET $8) m ON true
+         FROM me
+         LEFT JOIN ranked m ON true
          {SENDER_LOOKUP}
          LEFT JOIN agents r ON r.id = m.recipient_id
          ORDER BY m.rank DESC, m.id DESC",
@@ -68,6 +82,10 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
         available = available_to("me.id"),
     )
 });
+
+/// Matches ranked per search, newest first: a search finds the best of
+/// one's newest 500 messages with all its words.
+pub const SEARCH_CANDIDATES: i64 = 500;
 
 /// `None` in `me_id` when the credentials are not accepted.
 pub async fn search(
