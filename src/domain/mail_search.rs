@@ -12,8 +12,8 @@ use crate::store::{self, mail_search::MailQuery};
 
 /// The longest query.
 pub const QUERY_MAX: usize = 500;
-/// Results a search pages through, at most.
-pub const SEARCH_DEPTH_MAX: u32 = 500;
+/// Results a search pages through, at most: the candidates it ranks.
+pub const SEARCH_DEPTH_MAX: u32 = store::mail_search::SEARCH_CANDIDATES as u32;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct MailSearch {

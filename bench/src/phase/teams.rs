@@ -90,14 +90,21 @@ pub(crate) async fn run(
     t0: Instant,
 ) -> Result<TeamsReport, String> {
     db::recreate_database(admin, DB_TEAMS).await?;
-    // No inbox cap: 20 recipients take every group send of the run.
+    // No quotas: the senders send far more than an hour's quota, and the
+    // recipients read nothing until a run ends (each copy would count its
+    // sender's share of the inbox).
     let replicas = start_replicas_env(
         opts,
         DB_TEAMS,
         1,
         opts.base_port + 80,
         "teams",
-        &[("PHONE_INBOX_UNREAD_MAX", "0")],
+        &[
+            ("PHONE_INBOX_UNREAD_MAX", "0"),
+            ("PHONE_INBOX_UNREAD_PER_SENDER", "0"),
+            ("PHONE_SEND_QUOTA_PER_HOUR", "0"),
+            ("PHONE_NEW_RECIPIENT_QUOTA_PER_DAY", "0"),
+        ],
     )
     .await?;
     let outcome = async {
