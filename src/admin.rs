@@ -7,12 +7,15 @@
 //! phone admin unsuspend NAME
 //! phone admin top-senders [HOURS]   who sent most (and was refused most) lately; default 1
 //! phone admin refused [HOURS]       refused sends by sender, recipient and reason
+//! phone admin stale [DAYS]          agents unseen for DAYS (default 90), longest unseen first
+//! phone admin unregister-stale DAYS unregisters them (names reserved 30 days; mail kept)
 //! ```
 
 use std::fmt::Write as _;
 
-use crate::domain::AgentName;
+use crate::domain::agents::NAME_RESERVATION_DAYS;
 use crate::domain::types::timestamp;
+use crate::domain::{AgentName, Token};
 use crate::store::{self, Settings, StoreError};
 
 #[derive(Debug, thiserror::Error)]
@@ -44,7 +47,23 @@ pub enum Command {
         #[arg(default_value = "1", value_parser = clap::value_parser!(i32).range(1..=2160))]
         hours: i32,
     },
+    /// Agents unseen for DAYS (never seen: since they registered), longest
+    /// unseen first.
+    Stale {
+        #[arg(default_value = "90", value_parser = clap::value_parser!(i32).range(1..=36500))]
+        days: i32,
+    },
+    /// Unregisters the agents unseen for DAYS, as each would itself: its
+    /// token stops working, its name stays reserved 30 days, its mail is
+    /// kept (history, analytics).
+    UnregisterStale {
+        #[arg(value_parser = clap::value_parser!(i32).range(1..=36500))]
+        days: i32,
+    },
 }
+
+/// Stale agents listed or unregistered by one command, at most.
+const STALE_BATCH: i64 = 1000;
 
 /// Runs one command; returns what to print.
 pub async fn run(database_url: &str, command: &Command) -> Result<String, AdminError> {
@@ -106,6 +125,43 @@ pub async fn run(database_url: &str, command: &Command) -> Result<String, AdminE
                     timestamp(line.last)
                 );
             }
+            out
+        }
+        Command::Stale { days } => {
+            let stale = store::admin::stale(&db, *days, STALE_BATCH).await?;
+            let mut out = format!(
+                "{} agent(s) unseen for {days} day(s): name, project, last seen\n",
+                stale.len()
+            );
+            for a in &stale {
+                let seen = a.last_seen_at.map_or_else(|| "never".into(), timestamp);
+                let _ = writeln!(out, "{:<32} {:<24} {seen}", a.name, a.project);
+            }
+            out
+        }
+        Command::UnregisterStale { days } => {
+            let stale = store::admin::stale(&db, *days, STALE_BATCH).await?;
+            let mut out = String::new();
+            let mut done = 0;
+            for a in &stale {
+                let revoked = Token::generate().hash();
+                if let Some(u) =
+                    store::agents::unregister(&db, a.id, revoked.as_bytes(), NAME_RESERVATION_DAYS)
+                        .await?
+                {
+                    done += 1;
+                    let _ = writeln!(
+                        out,
+                        "{}: unregistered, name reserved until {}",
+                        u.name,
+                        timestamp(u.reserved_until)
+                    );
+                }
+            }
+            let _ = write!(
+                out,
+                "{done} agent(s) unseen for {days} day(s) unregistered; their mail is kept."
+            );
             out
         }
     };

@@ -8,7 +8,10 @@ use crate::{
     console,
     domain::{
         console::OperatorKey,
-        messages::{MAX_DELIVERIES_DEFAULT, MAX_DELIVERIES_MAX, MailRules, WAIT_SECONDS_MAX},
+        messages::{
+            MAX_DELIVERIES_DEFAULT, MAX_DELIVERIES_MAX, MailRules, STALE_AFTER_DAYS_DEFAULT,
+            WAIT_SECONDS_MAX,
+        },
     },
     http, store, webhooks,
 };
@@ -48,6 +51,8 @@ pub struct Config {
     pub register_limit: u32,
     /// Mail settings: the longest wait, how often a lease goes out.
     pub mail: MailRules,
+    /// Messages older than this many days are deleted (0: kept forever).
+    pub retention_days: u32,
     /// Limits on sending (0: off), shared by every replica.
     pub quotas: store::Quotas,
     /// How webhooks are delivered.
@@ -233,7 +238,23 @@ impl Config {
                     MAX_DELIVERIES_MAX as usize,
                 )? as u32,
                 webhooks_allow_private: parse(&get, "PHONE_WEBHOOK_ALLOW_PRIVATE", false)?,
+                stale_after_days: bounded(
+                    parse(
+                        &get,
+                        "PHONE_STALE_AFTER_DAYS",
+                        STALE_AFTER_DAYS_DEFAULT as usize,
+                    )?,
+                    "PHONE_STALE_AFTER_DAYS",
+                    0,
+                    36_500,
+                )? as u32,
             },
+            retention_days: bounded(
+                parse(&get, "PHONE_RETENTION_DAYS", 0)?,
+                "PHONE_RETENTION_DAYS",
+                0,
+                36_500,
+            )? as u32,
             quotas: store::Quotas {
                 sends_per_hour: quota(&get, "PHONE_SEND_QUOTA_PER_HOUR", 1_000)?,
                 new_recipients_per_day: quota(&get, "PHONE_NEW_RECIPIENT_QUOTA_PER_DAY", 100)?,

@@ -50,7 +50,11 @@ impl Application {
             stopping.clone(),
         )?;
         let limits = Limits::new(config.auth_failure_limit, config.register_limit);
-        tokio::spawn(store::prune::run(store.clone(), stopping.clone()));
+        tokio::spawn(store::prune::run(
+            store.clone(),
+            stopping.clone(),
+            store::prune::retention(config.retention_days),
+        ));
         let resolver = Resolver::new(&config.dns_servers, config.dns_timeout);
         tokio::spawn(crate::webhooks::run(
             store.clone(),

@@ -337,7 +337,16 @@ async fn text_renderings_are_compact_not_a_second_copy_of_the_json() {
         .unwrap()
         .len();
     println!("inbox of 3 messages: text {text_len} bytes, structuredContent {json_len} bytes");
-    assert!(text_len < json_len, "text {text_len} vs json {json_len}");
+    // The text carries fences the JSON does not need, but not the JSON's keys.
+    assert!(
+        text_len < 2 * json_len,
+        "text {text_len} vs json {json_len}"
+    );
+    assert!(
+        !text(&result).contains("\"from_project\"") && !text(&result).contains("\"body\""),
+        "{}",
+        text(&result)
+    );
     let rendered = text(&result);
     for needle in [
         "from alice (project \"research\")",
@@ -421,4 +430,77 @@ async fn output_schemas_carry_no_type_arrays() {
         type_arrays(&input, &format!("{}.inputSchema", tool.name), &mut found);
     }
     assert!(found.is_empty(), "type arrays at {found:?}");
+}
+
+/// JSON as Python's `json.dumps(value, separators=(",", ":"))` writes it
+/// (the official Python client's view; non-ASCII escaped as `\uXXXX`).
+fn python_compact(value: &Value) -> usize {
+    serde_json::to_string(value)
+        .unwrap()
+        .chars()
+        .map(|c| match c.len_utf16() {
+            _ if c.is_ascii() => 1,
+            n => 6 * n,
+        })
+        .sum()
+}
+
+/// The surface budget (issue 28), measured from outside as the official
+/// Python client sees it: the tools' names, descriptions and input schemas
+/// as compact JSON at most 5,000 bytes, at most 10 tools; an inbox of 20
+/// short messages (54-byte bodies) at most 8,000 bytes of text plus
+/// `structuredContent`, its fence still a fresh mark found in no body.
+#[tokio::test]
+async fn the_surface_stays_within_its_budget() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let tools = c.list_all_tools().await.unwrap();
+    assert!(tools.len() <= 10, "{} tools", tools.len());
+    let listed: Vec<Value> = tools
+        .iter()
+        .map(|t| {
+            json!({"name": t.name, "description": t.description, "inputSchema": *t.input_schema})
+        })
+        .collect();
+    let surface = python_compact(&Value::Array(listed));
+    println!("tool surface (names, descriptions, input schemas): {surface} bytes");
+    assert!(surface <= 5_000, "tool surface {surface} bytes");
+
+    let coder = register(&c, "coder", "Writes code", "hassing").await;
+    let email = register(&c, "email", "Reads mail", "hassing").await;
+    for i in 0..20 {
+        let body = format!("Please fetch the latest invoice mail, number {i:03}, now.");
+        assert_eq!(body.len(), 54);
+        ok(
+            &c,
+            "phone_send",
+            coder.with(json!({"to": "email", "body": body})),
+        )
+        .await;
+    }
+    let inbox = call(&c, "phone_inbox", email.with(json!({"limit": 20}))).await;
+    let structured = inbox.structured_content.clone().unwrap();
+    assert_eq!(structured["messages"].as_array().unwrap().len(), 20);
+    let rendered = text(&inbox);
+    let bytes = rendered.len() + python_compact(&structured);
+    println!(
+        "inbox of 20: text {} + structuredContent {} = {bytes} bytes",
+        rendered.len(),
+        python_compact(&structured)
+    );
+    assert!(bytes <= 8_000, "inbox of 20: {bytes} bytes");
+    // The fence: announced once, a mark no body holds, around every body.
+    let mark = rendered
+        .split("mark ")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_alphanumeric()).next())
+        .expect("the answer announces its fence mark")
+        .to_owned();
+    assert!(mark.len() >= 8, "{mark}");
+    assert_eq!(
+        rendered.matches(&format!("fence=\"{mark}\"")).count(),
+        40,
+        "{rendered}"
+    );
+    app.stop().await;
 }

@@ -733,3 +733,38 @@ async fn webhook_changes_are_limited_per_agent() {
     .await;
     app.stop().await;
 }
+
+/// A message past its lifetime is no longer announced: a delivery still
+/// retrying when it expires ends, and no further POST goes out for it.
+#[tokio::test]
+async fn a_delivery_for_mail_that_expired_ends() {
+    let (hooks, addr) = receiver().await;
+    hooks.script.lock().unwrap().extend([500; 100]);
+    let app = spawn_app_with(&LOCAL).await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let svc = register(&c, "service", "S", "p").await;
+    let url = format!("http://{addr}/hook");
+    ok(&c, "phone_settings", svc.with(json!({"webhook_url": url}))).await;
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "service", "body": "soon stale", "expires_in": 3600})),
+    )
+    .await;
+    until_received(&hooks, 1).await;
+    let db = app.db().await;
+    db.execute(
+        "UPDATE messages SET expires_at = now() - interval '1 second'",
+        &[],
+    )
+    .await
+    .unwrap();
+    wait_until(
+        &db,
+        "the delivery ended",
+        "SELECT state = 'failed' AND last_error = 'the message expired before delivery'
+         FROM webhook_deliveries",
+    )
+    .await;
+}

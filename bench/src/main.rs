@@ -8,7 +8,7 @@
 //!   phone-bench run [--quick] [--pg-port 25432] [--pg-dir data/bench-pg]
 //!                   [--out bench/RESULTS.md] [--command "make bench"]
 //!                   [--pool-size 16] [--base-port 3101]
-//!                   [--only mix,rate,hot,wake,webhooks,policy,search,growth,fsync]
+//!                   [--only mix,rate,hot,wake,webhooks,policy,search,growth,teams,fsync]
 //!
 //! The code: this file parses the options (`cli`), runs the chosen phases in
 //! their order and writes the report (`report`). Each phase is a module of
@@ -180,6 +180,10 @@ async fn run(opts: Opts) -> Result<(), String> {
 
     if wants("growth") {
         growth::run(&opts, &mode, &admin, &mut report, t0, postmaster, hz).await?;
+    }
+
+    if wants("teams") {
+        report.teams = Some(phase::teams::run(&opts, &mode, &admin, t0).await?);
     }
 
     if wants("search") && !big.is_empty() {

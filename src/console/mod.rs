@@ -126,7 +126,7 @@ fn failure(err: &PhoneError) -> (StatusCode, String) {
         PhoneError::Invalid(_) | PhoneError::ReplyToOtherParty { .. } => StatusCode::BAD_REQUEST,
         PhoneError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
         PhoneError::UnknownAgent(_) | PhoneError::UnknownMessage(_) => StatusCode::NOT_FOUND,
-        PhoneError::Refused(_) => StatusCode::FORBIDDEN,
+        PhoneError::Refused(_) | PhoneError::NothingSent(_) => StatusCode::FORBIDDEN,
         PhoneError::NameTaken(_)
         | PhoneError::NameReserved(..)
         | PhoneError::IdempotencyConflict(_)

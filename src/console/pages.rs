@@ -173,6 +173,7 @@ fn state_badge(state: Delivery) -> Markup {
         Delivery::Read => "read",
         Delivery::Acknowledged => "acknowledged",
         Delivery::Dead => "dead",
+        Delivery::Expired => "expired",
     };
     html! { span class=(format!("badge {label}")) { (label) } }
 }
@@ -499,6 +500,7 @@ pub fn directory(
                                 p.description { (a.description) }
                                 p.meta {
                                     @if let Some(seen) = a.last_seen_at { "last seen " (when(seen)) } @else { "never seen" }
+                                    @if a.stale { " · " span.badge.stale { "stale" } }
                                     " · "
                                     a href=(format!("/console/compose?to={}", encode(&a.name))) { "Write to " bdi { (a.name) } }
                                 }

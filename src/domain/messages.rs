@@ -4,66 +4,17 @@
 use std::time::Duration;
 
 use base64::Engine as _;
-use chrono::{DateTime, Utc};
 
-use super::types::{self, AgentName, IdempotencyKey, InvalidInput, MessageId, Receipt};
+use super::types::{InvalidInput, MessageId, Receipt};
 use super::{Call, Caller, Credentials, Phone, PhoneError};
 use crate::store::{
-    self, QueuedPoll, QueuedSend,
+    self, QueuedPoll,
     messages::{AckOutcome, Look},
 };
 
+pub use super::send::{Recipients, SendRequest, Sent};
+
 pub use crate::store::rows::{Delivery, Message, Sent as OutboxEntry};
-
-#[derive(Debug, Clone)]
-pub struct SendRequest {
-    pub to: Option<AgentName>,
-    pub subject: Option<String>,
-    pub body: String,
-    pub reply_to: Option<MessageId>,
-    pub idempotency_key: Option<IdempotencyKey>,
-}
-
-impl SendRequest {
-    pub fn parse(
-        to: Option<&str>,
-        body: &str,
-        subject: Option<&str>,
-        reply_to: Option<&str>,
-        idempotency_key: Option<&str>,
-    ) -> Result<Self, InvalidInput> {
-        let to = to.map(|t| AgentName::parse("to", t)).transpose()?;
-        let reply_to = reply_to
-            .map(|r| MessageId::parse("reply_to", r))
-            .transpose()?;
-        if to.is_none() && reply_to.is_none() {
-            return Err(InvalidInput::new(
-                "to",
-                "is required (the recipient's name) unless reply_to names a message to answer",
-            ));
-        }
-        Ok(Self {
-            to,
-            subject: subject
-                .filter(|s| !s.trim().is_empty())
-                .map(|s| types::single_line("subject", s, types::SUBJECT_MAX))
-                .transpose()?,
-            body: types::body(body)?,
-            reply_to,
-            idempotency_key: idempotency_key.map(IdempotencyKey::parse).transpose()?,
-        })
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct Sent {
-    pub id: MessageId,
-    pub to: AgentName,
-    pub thread_id: MessageId,
-    pub sent_at: DateTime<Utc>,
-    /// True when this idempotency_key was seen before: nothing new was sent.
-    pub replayed: bool,
-}
 
 pub const INBOX_LIMIT_MAX: u32 = 100;
 /// `unread_remaining` counts at most this many, so a poll never scans a backlog.
@@ -77,6 +28,8 @@ pub const MAX_DELIVERIES_DEFAULT: u32 = 10;
 pub const MAX_DELIVERIES_MAX: u32 = 1000;
 pub const ACK_IDS_MAX: usize = 100;
 pub const LIST_LIMIT_MAX: u32 = 100;
+/// `PHONE_STALE_AFTER_DAYS` unless set.
+pub const STALE_AFTER_DAYS_DEFAULT: u32 = 90;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InboxMode {
@@ -114,6 +67,9 @@ pub struct MailRules {
     /// Webhooks may point at private addresses and use http (local stacks,
     /// tests).
     pub webhooks_allow_private: bool,
+    /// Agents unseen for this many days are stale: out of search results
+    /// (found by exact name only) until seen again. 0: never.
+    pub stale_after_days: u32,
 }
 
 impl Default for MailRules {
@@ -122,6 +78,7 @@ impl Default for MailRules {
             max_wait_secs: WAIT_SECONDS_MAX,
             max_deliveries: MAX_DELIVERIES_DEFAULT,
             webhooks_allow_private: false,
+            stale_after_days: STALE_AFTER_DAYS_DEFAULT,
         }
     }
 }
@@ -275,125 +232,6 @@ const FALLBACK_RECHECK: Duration = Duration::from_secs(2);
 const WATCH_RENEW: Duration = Duration::from_secs(30);
 
 impl Phone {
-    pub async fn send(
-        &self,
-        creds: &Credentials,
-        req: SendRequest,
-        call: &Call,
-    ) -> Result<Sent, PhoneError> {
-        let claimed = creds.claimed_name();
-
-        // A reply goes to the other party of the original (by id, so a name
-        // released and re-registered since cannot receive it) and joins its thread.
-        let (to, to_id, thread_id, answers_recipient) = match req.reply_to {
-            None => (
-                req.to.clone().ok_or(PhoneError::Internal)?,
-                None,
-                None,
-                false,
-            ),
-            Some(original) => {
-                let db = self.store.db().await?;
-                let target =
-                    store::messages::reply_target(&db, creds.token.as_bytes(), claimed, original.0)
-                        .await?;
-                drop(db);
-                let Some(target) = target else {
-                    return Err(self.authentication_error(creds).await);
-                };
-                let target = target.ok_or(PhoneError::UnknownMessage(original))?;
-                let other =
-                    AgentName::parse("to", &target.other_name).map_err(|_| PhoneError::Internal)?;
-                if let Some(to) = &req.to
-                    && to != &other
-                {
-                    return Err(PhoneError::ReplyToOtherParty {
-                        reply_to: original,
-                        other: other.to_string(),
-                    });
-                }
-                (
-                    other,
-                    Some(target.other_id),
-                    Some(target.thread_id),
-                    target.other_sent_it,
-                )
-            }
-        };
-
-        let key = req.idempotency_key.as_ref().map(IdempotencyKey::as_str);
-        let reply_to = req.reply_to.map(|m| m.0);
-        // One statement verifies the caller, resolves the recipient and
-        // inserts, together with the other sends in flight on this replica.
-        // A conflicting idempotency key inserts nothing (after waiting for a
-        // concurrent insert of the same key to commit).
-        let outcome = self
-            .store
-            .send(
-                QueuedSend {
-                    token: creds.token.0,
-                    claimed: claimed.map(str::to_owned),
-                    to_name: to.as_str().to_owned(),
-                    subject: req.subject.clone(),
-                    body: req.body.clone(),
-                    reply_to,
-                    thread_id,
-                    idempotency_key: key.map(str::to_owned),
-                    to_id,
-                    answers_recipient,
-                },
-                call.gone.clone(),
-            )
-            .await
-            .map_err(|e| resend_hint(e.into(), key))?;
-        let Some(me_id) = outcome.me_id else {
-            return Err(self.authentication_error(creds).await);
-        };
-        if let Some(stored) = outcome.stored {
-            return Ok(Sent {
-                id: MessageId(stored.id),
-                to,
-                thread_id: MessageId(stored.thread_id),
-                sent_at: stored.sent_at,
-                replayed: false,
-            });
-        }
-
-        if let Some(key) = key {
-            let db = self.store.db().await?;
-            if let Some(earlier) = store::messages::by_idempotency_key(&db, me_id, key).await? {
-                let same = earlier.recipient == to.as_str()
-                    && earlier.subject == req.subject
-                    && earlier.body == req.body
-                    && earlier.reply_to == reply_to;
-                if !same {
-                    return Err(PhoneError::IdempotencyConflict(key.to_owned()));
-                }
-                return Ok(Sent {
-                    id: MessageId(earlier.id),
-                    to,
-                    thread_id: MessageId(earlier.thread_id),
-                    sent_at: earlier.sent_at,
-                    replayed: true,
-                });
-            }
-        }
-        Err(match outcome.refusal.as_deref() {
-            None => PhoneError::UnknownAgent(to),
-            Some("send_quota") => PhoneError::Quota {
-                what: "messages this hour",
-            },
-            Some("new_recipient_quota") => PhoneError::Quota {
-                what: "first messages to new recipients today",
-            },
-            Some("inbox_full") => PhoneError::InboxFull(to),
-            Some("inbox_share") => PhoneError::InboxShare(to),
-            // The same words for a block and for every policy, so that a
-            // block is not revealed.
-            Some(_) => PhoneError::Refused(to),
-        })
-    }
-
     /// Polls once; with `wait`, and nothing to return, waits for mail to
     /// arrive (a notification from any replica) or for the time to run out,
     /// which is never later than the request's deadline. Mail a poll took
@@ -740,27 +578,6 @@ fn inbox(polled: store::Polled, mode: InboxMode) -> Option<(i64, Inbox)> {
             unread_remaining: polled.waiting.clamp(0, UNREAD_COUNT_CAP),
         },
     ))
-}
-
-/// A send that fails on an unavailable database may have been stored all
-/// the same (the connection died after the commit, or during a failover
-/// before its answer): say how to retry without sending twice.
-fn resend_hint(err: PhoneError, key: Option<&str>) -> PhoneError {
-    match err {
-        PhoneError::Unavailable(reason) if reason != store::POOL_BUSY => {
-            PhoneError::Unavailable(match key {
-                Some(_) => format!(
-                    "{reason}; the message may have been stored before the failure: retry with the same \
-                     idempotency_key, which stores it once"
-                ),
-                None => format!(
-                    "{reason}; the message may have been stored before the failure: look at phone_outbox \
-                     before sending it again (with an idempotency_key a retry is always safe)"
-                ),
-            })
-        }
-        other => other,
-    }
 }
 
 /// A read-mode poll that loses its database connection may have committed

@@ -13,8 +13,10 @@ pub mod agents;
 pub mod console;
 pub mod handover;
 pub mod limits;
+pub mod mail_search;
 pub mod messages;
 pub mod search;
+pub mod send;
 pub mod settings;
 pub mod types;
 pub mod webhook;
@@ -41,7 +43,9 @@ pub enum PhoneError {
     UnknownAgent(AgentName),
     #[error("message {0} not found among the messages you sent or received")]
     UnknownMessage(MessageId),
-    #[error("{reply_to} is a conversation with '{other}'; omit `to` or set it to '{other}'")]
+    #[error(
+        "{reply_to} is a conversation with '{other}'; omit `to` (its other party), name some of them, or set `to` to \"*\" for all"
+    )]
     ReplyToOtherParty { reply_to: MessageId, other: String },
     #[error(
         "idempotency_key '{0}' was already used for a different message; use a new key for a new message"
@@ -66,6 +70,9 @@ pub enum PhoneError {
         "'{0}' has not read the messages you already sent it: your share of its inbox is full, and nothing was sent. Wait until it reads some (phone_outbox shows their state)"
     )]
     InboxShare(AgentName),
+    /// A send to several recipients stored nothing: each one's reason.
+    #[error("nothing was sent: {0}")]
+    NothingSent(String),
     #[error("you reached your quota of {what}; nothing was sent, try later")]
     Quota { what: &'static str },
     #[error("the mailbox is temporarily unavailable ({0}); retry in a few seconds")]
@@ -146,6 +153,7 @@ impl PhoneError {
             Self::InboxFull(_) => "inbox_full",
             Self::InboxShare(_) => "inbox_share",
             Self::Quota { .. } => "quota",
+            Self::NothingSent(_) => "nothing_sent",
             Self::CallerGone => "caller_gone",
             Self::StaleReceipts { .. } => "stale_receipt",
             Self::Internal => "internal",

@@ -113,11 +113,13 @@ impl Phone {
         let fetch = i64::from(req.limit) + 1;
         let project = req.project.as_deref();
         let words = req.query.as_deref().map(query_words).unwrap_or_default();
+        let stale = f64::from(self.mail_rules().stale_after_days) * 86_400.0;
         let mut agents = match &req.query {
-            None => store::search::list(&db, project, fetch, req.offset).await?,
+            None => store::search::list(&db, project, fetch, req.offset, stale).await?,
             Some(query) => {
                 let exact_name = query.trim().to_ascii_lowercase();
-                store::search::search(&db, &words, &exact_name, project, fetch, req.offset).await?
+                store::search::search(&db, &words, &exact_name, project, fetch, req.offset, stale)
+                    .await?
             }
         };
         let next_cursor = if agents.len() as i64 > i64::from(req.limit) {

@@ -269,6 +269,15 @@ impl Phone {
                 Ok::<_, PhoneError>((webhook_secret, unknown))
             })
             .await?;
+        let blocked: Vec<&str> = req
+            .marks
+            .iter()
+            .filter(|(_, m)| matches!(m, Mark::Block))
+            .map(|(n, _)| n.as_str())
+            .collect();
+        if !blocked.is_empty() {
+            store::settings::withdraw_again(&db, me.id, &blocked).await?;
+        }
         let now =
             store::settings::settings(&db, me.id)
                 .await?

@@ -11,6 +11,12 @@ pub fn timestamp(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
+/// A message's times, to the second: an inbox carries several per message,
+/// and milliseconds tell an agent nothing (the order is the ids').
+pub fn message_time(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
 /// Why an argument was refused, phrased for the agent that sent it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("`{field}` {reason}")]

@@ -34,6 +34,11 @@ impl<'a> Args<'a> {
         Ok(Self { map })
     }
 
+    /// Whether `key` was given (and not null).
+    pub fn is_given(&self, key: &str) -> bool {
+        self.value(key).is_some()
+    }
+
     fn value(&self, key: &str) -> Option<&'a Value> {
         self.map.get(key).filter(|v| !v.is_null())
     }

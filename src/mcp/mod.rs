@@ -24,10 +24,12 @@ use rmcp::{ErrorData as McpError, ServerHandler};
 use tracing::Instrument;
 
 use crate::domain::agents::RegisterRequest;
+use crate::domain::mail_search::MailSearch;
 use crate::domain::messages::{self, InboxArgs, InboxMode, InboxRequest, SendRequest};
 use crate::domain::search::{SEARCH_LIMIT_MAX, SearchRequest};
+use crate::domain::send;
 use crate::domain::settings::SettingsRequest;
-use crate::domain::{MessageId, Phone, PhoneError};
+use crate::domain::{InvalidInput, MessageId, Phone, PhoneError};
 use crate::telemetry::metrics;
 use args::Args;
 pub use auth::{ClientAddress, RequestDeadline};
@@ -202,6 +204,45 @@ impl ServerHandler for PhoneServer {
 }
 
 impl PhoneServer {
+    /// phone_inbox with `query`: a search of the caller's own mail, which
+    /// takes nothing and so combines with none of a poll's arguments.
+    async fn search_mail(
+        &self,
+        args: &Args<'_>,
+        query: &str,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<(CallToolResult, Delivered), PhoneError> {
+        for key in [
+            "peek",
+            "include_read",
+            "mode",
+            "lease_seconds",
+            "max_deliveries",
+            "wait_seconds",
+        ] {
+            if args.is_given(key) {
+                return Err(InvalidInput::new(
+                    "query",
+                    format!(
+                        "searches your mail and takes nothing; drop {key}, or drop query to poll"
+                    ),
+                )
+                .into());
+            }
+        }
+        let search = MailSearch::parse(
+            query,
+            args.int("limit", 1, messages::LIST_LIMIT_MAX)?
+                .unwrap_or(10),
+            args.str("cursor")?,
+        )?;
+        let creds = auth::credentials(args, context)?;
+        let found = self.0.phone.search_mail(&creds, &search).await?;
+        auth::record_agent(&creds);
+        let out = wire::Inbox::from(found);
+        Ok((success(&out, render::found(&out)), Delivered::default()))
+    }
+
     async fn dispatch(
         &self,
         tool: &'static str,
@@ -239,18 +280,24 @@ impl PhoneServer {
             }
             tools::SEND => {
                 let args = Args::new(tool, arguments, tools::SEND_ARGS)?;
-                let req = SendRequest::parse(
-                    args.str("to")?,
+                let req = SendRequest::parse_to(
+                    &args.str_list("to")?,
                     args.required_str("body")?,
                     args.str("subject")?,
                     args.str("reply_to")?,
                     args.str("idempotency_key")?,
+                    args.int("expires_in", 1, send::EXPIRES_IN_MAX)?,
                 )?;
                 let creds = auth::credentials(&args, context)?;
                 let sent = phone.send(&creds, req, &auth::call(context)).await?;
                 auth::record_agent(&creds);
+                let stored = if sent.copies.is_empty() {
+                    1
+                } else {
+                    sent.copies.iter().filter(|c| c.id.is_some()).count() as u64
+                };
                 let delivered = Delivered {
-                    sent: u64::from(!sent.replayed),
+                    sent: if sent.replayed { 0 } else { stored },
                     read: None,
                 };
                 let out = wire::Sent::from(sent);
@@ -258,6 +305,16 @@ impl PhoneServer {
             }
             tools::INBOX => {
                 let args = Args::new(tool, arguments, tools::INBOX_ARGS)?;
+                if let Some(query) = args.str("query")? {
+                    return self.search_mail(&args, query, context).await;
+                }
+                if args.str("cursor")?.is_some() {
+                    return Err(InvalidInput::new(
+                        "cursor",
+                        "pages a search: pass it with the same query",
+                    )
+                    .into());
+                }
                 let rules = phone.mail_rules();
                 let req = InboxRequest::parse(
                     InboxArgs {
@@ -284,7 +341,10 @@ impl PhoneServer {
                     InboxMode::Lease { .. } => Some(("lease", n)),
                     InboxMode::Peek | InboxMode::History => None,
                 };
-                let out = wire::Inbox::from(inbox);
+                let mut out = wire::Inbox::from(inbox);
+                if req.mode == InboxMode::Read {
+                    out = out.read_poll();
+                }
                 Ok((
                     success(&out, render::inbox(&out)),
                     Delivered { sent: 0, read },

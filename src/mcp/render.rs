@@ -63,9 +63,10 @@ pub fn search(r: &SearchResult) -> String {
     );
     for a in &r.agents {
         let seen = a.last_seen_at.as_deref().unwrap_or("never");
+        let stale = if a.stale { ", stale" } else { "" };
         let _ = writeln!(
             out,
-            "- {} (project {}, last seen {seen})\n<about fence=\"{mark}\">{}</about fence=\"{mark}\">",
+            "- {} (project {}, last seen {seen}{stale})\n<about fence=\"{mark}\">{}</about fence=\"{mark}\">",
             a.name,
             quoted(&a.project),
             a.description
@@ -78,6 +79,30 @@ pub fn search(r: &SearchResult) -> String {
 }
 
 pub fn sent(r: &Sent) -> String {
+    if !r.recipients.is_empty() {
+        let verb = if r.replayed {
+            "Already sent earlier"
+        } else {
+            "Sent"
+        };
+        let mut out = format!("{verb} in thread {}:", r.thread_id);
+        for c in &r.recipients {
+            match (&c.id, &c.error) {
+                (Some(id), _) => {
+                    let _ = write!(out, "\n- {}: {id}", c.to);
+                }
+                (None, error) => {
+                    let _ = write!(
+                        out,
+                        "\n- {}: not sent: {}",
+                        c.to,
+                        error.as_deref().unwrap_or("")
+                    );
+                }
+            }
+        }
+        return out;
+    }
     if r.replayed {
         format!(
             "Already sent earlier as {} to {} (same idempotency_key); nothing new was sent.",
@@ -99,7 +124,17 @@ fn message_mark(list: &[Message]) -> String {
     }))
 }
 
+/// An inbox: every message is to the caller, so none says so.
 pub fn inbox(r: &Inbox) -> String {
+    listing(r, false)
+}
+
+/// A search of one's mail: sent and received, so each says to whom.
+pub fn found(r: &Inbox) -> String {
+    listing(r, true)
+}
+
+fn listing(r: &Inbox, show_to: bool) -> String {
     let remaining = match r.unread_remaining {
         100.. => "100+".to_string(),
         n => n.to_string(),
@@ -110,7 +145,10 @@ pub fn inbox(r: &Inbox) -> String {
         r.messages.len(),
         fence_note(&r.messages, &mark)
     );
-    messages(&mut out, &r.messages, &mark);
+    messages(&mut out, &r.messages, &mark, show_to);
+    if let Some(cursor) = &r.next_cursor {
+        let _ = writeln!(out, "\nMore: cursor={cursor}");
+    }
     out
 }
 
@@ -122,7 +160,7 @@ pub fn thread(r: &Thread) -> String {
         r.messages.len(),
         fence_note(&r.messages, &mark)
     );
-    messages(&mut out, &r.messages, &mark);
+    messages(&mut out, &r.messages, &mark, true);
     if let Some(cursor) = &r.next_cursor {
         let _ = writeln!(out, "\nMore: cursor={cursor}");
     }
@@ -137,17 +175,19 @@ fn fence_note(list: &[Message], mark: &str) -> String {
     }
 }
 
-fn messages(out: &mut String, list: &[Message], mark: &str) {
+fn messages(out: &mut String, list: &[Message], mark: &str, show_to: bool) {
     for m in list {
         let _ = write!(
             out,
-            "\n[{}] from {} (project {}) to {} at {}",
+            "\n[{}] from {} (project {})",
             m.id,
             m.from,
             quoted(&m.from_project),
-            m.to,
-            m.sent_at
         );
+        if show_to {
+            let _ = write!(out, " to {}", m.to);
+        }
+        let _ = write!(out, " at {}", m.sent_at);
         if let Some(original) = &m.reply_to {
             let _ = write!(out, ", reply to {original}");
         }
@@ -155,17 +195,20 @@ fn messages(out: &mut String, list: &[Message], mark: &str) {
             let _ = write!(
                 out,
                 ", leased until {until} (delivery {})",
-                m.delivery_count
+                m.delivery_count.unwrap_or_default()
             );
         }
         if let Some(receipt) = &m.receipt {
             let _ = write!(out, ", receipt {receipt}");
         }
+        if let Some(at) = &m.expires_at {
+            let _ = write!(out, ", expires {at}");
+        }
         if m.dead_at.is_some() {
             let _ = write!(
                 out,
                 ", dead (leased {} times, never acknowledged)",
-                m.delivery_count
+                m.delivery_count.unwrap_or_default()
             );
         }
         out.push('\n');

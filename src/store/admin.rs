@@ -100,3 +100,35 @@ pub async fn refused(db: &Client, hours: i32, rows: i64) -> Result<Vec<RefusedLi
         })
         .collect())
 }
+
+/// Registered agents unseen for `$1` days (never seen: since they
+/// registered), longest unseen first, `$2` at most. Reads the agents table
+/// (an operator's command, not a hot path).
+const STALE: &str = "SELECT id, name, project, last_seen_at FROM agents
+     WHERE unregistered_at IS NULL
+       AND coalesce(last_seen_at, registered_at) < now() - make_interval(days => $1)
+     ORDER BY coalesce(last_seen_at, registered_at), id LIMIT $2";
+
+/// An agent `phone admin stale` lists.
+#[derive(Debug, Clone)]
+pub struct StaleAgent {
+    pub id: i64,
+    pub name: String,
+    pub project: String,
+    pub last_seen_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+pub async fn stale(db: &Client, days: i32, rows: i64) -> Result<Vec<StaleAgent>, StoreError> {
+    let stmt = db.prepare_cached(STALE).await?;
+    Ok(db
+        .query(&stmt, &[&days, &rows])
+        .await?
+        .iter()
+        .map(|r| StaleAgent {
+            id: r.get("id"),
+            name: r.get("name"),
+            project: r.get("project"),
+            last_seen_at: r.get("last_seen_at"),
+        })
+        .collect())
+}

@@ -107,6 +107,7 @@ pub struct Received {
 const STATE: &str = "CASE WHEN m.acked_at IS NOT NULL THEN 'acknowledged'
           WHEN m.read_at IS NOT NULL THEN 'read'
           WHEN m.dead_at IS NOT NULL THEN 'dead'
+          WHEN m.expires_at <= now() THEN 'expired'
           WHEN m.leased_until > now() THEN 'leased'
           ELSE 'waiting' END AS state";
 

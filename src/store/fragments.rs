@@ -40,8 +40,8 @@ pub fn presence_write(callers: &str) -> String {
     )
 }
 
-/// Messages an inbox may hand out now (unread, not dead, not leased): a
-/// condition on `messages m`, for the recipient whose id `recipient` (an
+/// Messages an inbox may hand out now (unread, not dead, not leased, not
+/// expired): a condition on `messages m`, for the recipient whose id `recipient` (an
 /// SQL expression) gives. An equality
 /// here, not a key range: the partial unread index (`messages_unread_idx`)
 /// is the cheapest path whatever the statistics say (the backlog test
@@ -51,9 +51,17 @@ pub fn presence_write(callers: &str) -> String {
 pub fn available_to(recipient: &str) -> String {
     format!(
         "m.recipient_id = {recipient} AND m.read_at IS NULL AND m.dead_at IS NULL
-         AND (m.leased_until IS NULL OR m.leased_until <= now())"
+         AND (m.leased_until IS NULL OR m.leased_until <= now())
+         AND (m.expires_at IS NULL OR m.expires_at > now())"
     )
 }
+
+/// A message's words and parties as `messages_search_idx` indexes them
+/// (migration V13, character for character): a tsvector of `messages m`.
+pub const MESSAGE_SEARCH: &str = "(
+    setweight(to_tsvector('english'::regconfig, coalesce(m.subject, '')), 'A') ||
+    setweight(to_tsvector('english'::regconfig, m.body), 'B') ||
+    array_to_tsvector(ARRAY['p ' || m.sender_id, 'p ' || m.recipient_id]))";
 
 /// The order an inbox is read in (`messages m`). The unread counts order by
 /// it too, so that no plan counts with a sequential scan (a generic plan
@@ -81,7 +89,7 @@ pub fn key_range(column: &str, agent: &str, after: &str, before: &str) -> String
 /// The message fields a poll reads from `messages m` (or returns from an
 /// `UPDATE messages m`).
 pub const POLLED_FIELDS: &str = "m.id, m.sender_id, m.subject, m.body, m.reply_to, m.thread_id,
-     m.sent_at, m.read_at, m.delivery_count, m.leased_until, m.dead_at";
+     m.sent_at, m.read_at, m.delivery_count, m.leased_until, m.dead_at, m.expires_at";
 
 /// What a listing returns per message, as `rows::message` reads it, from
 /// `messages m` (or a relation with [`POLLED_FIELDS`]), the sender `s`
@@ -108,7 +116,7 @@ fn columns(recipient_name: &str, dead_at: &str) -> String {
     format!(
         "m.id, s.name AS sender, s.project AS sender_project, {recipient_name} AS recipient,
      m.subject, m.body, m.reply_to, m.thread_id, m.sent_at, m.read_at, m.delivery_count,
-     m.leased_until, {dead_at}"
+     m.leased_until, {dead_at}, m.expires_at"
     )
 }
 

@@ -49,20 +49,30 @@ fn me_with_presence() -> String {
     )
 }
 
-/// The other party and thread of message `$3`, for caller `$1`/`$2`. One
-/// row when the caller is accepted; its `other` is NULL unless the caller
-/// sent or received the message. Indexes: token, primary keys.
-static REPLY_TARGET: LazyLock<String> = LazyLock::new(|| {
+/// The parties of message `$3`, for caller `$1`/`$2`: one row per party
+/// (its sender, its recipient, and for a copy of a group send every other
+/// copy's recipient), or one row with NULL `party_id` when the caller is
+/// accepted but did not send or receive the message; no row when the caller
+/// is not accepted. Indexes: token, primary keys, the other copies by
+/// `messages_thread_cover_idx` (a group's copies share the thread).
+static REPLY_PARTIES: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "WITH me AS (SELECT id FROM agents WHERE {})
-         SELECT m.thread_id, m.sender_id <> me.id AS other_sent_it,
-                CASE WHEN m.sender_id = me.id THEN m.recipient_id ELSE m.sender_id END AS other_id,
-                CASE WHEN m.sender_id = me.id THEN r.name ELSE s.name END AS other
+        "WITH me AS (SELECT id FROM agents WHERE {}),
+              m AS (SELECT m.id, m.thread_id, m.sender_id, m.recipient_id, m.group_id
+                    FROM me JOIN messages m
+                      ON m.id = $3 AND (m.sender_id = me.id OR m.recipient_id = me.id))
+         SELECT me.id AS me_id, m.thread_id, m.sender_id, m.recipient_id,
+                p.id AS party_id, a.name AS party
          FROM me
-         LEFT JOIN (messages m
-                    JOIN agents s ON s.id = m.sender_id
-                    JOIN agents r ON r.id = m.recipient_id)
-           ON m.id = $3 AND (m.sender_id = me.id OR m.recipient_id = me.id)",
+         LEFT JOIN m ON true
+         LEFT JOIN LATERAL (
+             SELECT m.sender_id AS id
+             UNION SELECT m.recipient_id
+             UNION SELECT g.recipient_id FROM messages g
+                   WHERE m.group_id IS NOT NULL AND g.thread_id = m.thread_id
+                     AND g.group_id = m.group_id) p ON m.id IS NOT NULL
+         LEFT JOIN agents a ON a.id = p.id
+         ORDER BY p.id",
         caller_by_token("$1", "$2")
     )
 });
@@ -70,11 +80,13 @@ static REPLY_TARGET: LazyLock<String> = LazyLock::new(|| {
 /// The conversation a reply joins.
 #[derive(Debug, Clone)]
 pub struct ReplyTarget {
+    pub me_id: i64,
     pub thread_id: i64,
-    /// The other party sent the message being answered (to the caller).
-    pub other_sent_it: bool,
-    pub other_id: i64,
-    pub other_name: String,
+    /// Who sent the message being answered.
+    pub sender_id: i64,
+    pub recipient_id: i64,
+    /// Everyone the message went between (the caller included), by id and name.
+    pub parties: Vec<(i64, String)>,
 }
 
 /// `None` when the credentials are not accepted; `Some(None)` when the
@@ -85,29 +97,35 @@ pub async fn reply_target(
     claimed: Option<&str>,
     message_id: i64,
 ) -> Result<Option<Option<ReplyTarget>>, StoreError> {
-    let stmt = db.prepare_cached(&REPLY_TARGET).await?;
-    let Some(row) = db
-        .query_opt(&stmt, &[&token_hash, &claimed, &message_id])
-        .await?
-    else {
+    let stmt = db.prepare_cached(&REPLY_PARTIES).await?;
+    let rows = db
+        .query(&stmt, &[&token_hash, &claimed, &message_id])
+        .await?;
+    let Some(first) = rows.first() else {
         return Ok(None);
     };
-    Ok(Some(row.get::<_, Option<String>>("other").map(|other| {
-        ReplyTarget {
-            thread_id: row.get("thread_id"),
-            other_sent_it: row.get("other_sent_it"),
-            other_id: row.get("other_id"),
-            other_name: other,
-        }
+    if first.get::<_, Option<i64>>("party_id").is_none() {
+        return Ok(Some(None));
+    }
+    Ok(Some(Some(ReplyTarget {
+        me_id: first.get("me_id"),
+        thread_id: first.get("thread_id"),
+        sender_id: first.get("sender_id"),
+        recipient_id: first.get("recipient_id"),
+        parties: rows
+            .iter()
+            .map(|r| (r.get("party_id"), r.get("party")))
+            .collect(),
     })))
 }
 
-/// The message sender `$1` sent with idempotency key `$2`. Index:
-/// `messages_idempotency_idx`.
-const BY_IDEMPOTENCY_KEY: &str =
-    "SELECT m.id, r.name AS recipient, m.subject, m.body, m.reply_to, m.thread_id, m.sent_at
+/// The messages sender `$1` sent with the idempotency keys `$2`, one row
+/// per key found. Index: `messages_idempotency_idx`.
+const BY_IDEMPOTENCY_KEYS: &str =
+    "SELECT m.id, m.idempotency_key, r.name AS recipient, m.subject, m.body,
+            m.reply_to, m.thread_id, m.sent_at
      FROM messages m JOIN agents r ON r.id = m.recipient_id
-     WHERE m.sender_id = $1 AND m.idempotency_key = $2";
+     WHERE m.sender_id = $1 AND m.idempotency_key = ANY ($2::text[])";
 
 /// What an earlier send with the same key stored.
 #[derive(Debug, Clone)]
@@ -121,24 +139,30 @@ pub struct Earlier {
     pub sent_at: DateTime<Utc>,
 }
 
-pub async fn by_idempotency_key(
+/// For each of `keys`, what `sender_id` stored with it, if anything.
+pub async fn by_idempotency_keys(
     db: &Client,
     sender_id: i64,
-    key: &str,
-) -> Result<Option<Earlier>, StoreError> {
-    let stmt = db.prepare_cached(BY_IDEMPOTENCY_KEY).await?;
-    Ok(db
-        .query_opt(&stmt, &[&sender_id, &key])
-        .await?
-        .map(|r| Earlier {
-            id: r.get("id"),
-            recipient: r.get("recipient"),
-            subject: r.get("subject"),
-            body: r.get("body"),
-            reply_to: r.get("reply_to"),
-            thread_id: r.get("thread_id"),
-            sent_at: r.get("sent_at"),
-        }))
+    keys: &[String],
+) -> Result<Vec<Option<Earlier>>, StoreError> {
+    let stmt = db.prepare_cached(BY_IDEMPOTENCY_KEYS).await?;
+    let rows = db.query(&stmt, &[&sender_id, &keys]).await?;
+    Ok(keys
+        .iter()
+        .map(|key| {
+            rows.iter()
+                .find(|r| r.get::<_, &str>("idempotency_key") == key)
+                .map(|r| Earlier {
+                    id: r.get("id"),
+                    recipient: r.get("recipient"),
+                    subject: r.get("subject"),
+                    body: r.get("body"),
+                    reply_to: r.get("reply_to"),
+                    thread_id: r.get("thread_id"),
+                    sent_at: r.get("sent_at"),
+                })
+        })
+        .collect())
 }
 
 /// A poll that takes nothing (polls that take mail are batched).
@@ -409,6 +433,7 @@ static OUTBOX: LazyLock<String> = LazyLock::new(|| {
                      -- Mail a block withdrew looks waiting to its sender,
                      -- as a refusal reads like a policy's: a block is not revealed.
                      WHEN m.dead_at IS NOT NULL AND m.dead_reason IS DISTINCT FROM 'blocked' THEN 'dead'
+                     WHEN m.expires_at <= now() THEN 'expired'
                      WHEN m.leased_until > now() THEN 'leased'
                      ELSE 'waiting' END AS state
          FROM (SELECT * FROM messages m

@@ -23,6 +23,7 @@ mod error;
 mod failover;
 pub mod fragments;
 pub mod limits;
+pub mod mail_search;
 pub mod messages;
 mod migrate;
 pub mod pool;
@@ -42,7 +43,7 @@ use tokio_util::sync::CancellationToken;
 pub use batch::{
     mail::Quotas,
     poll::{Lease, QueuedPoll},
-    send::{QueuedSend, SendOutcome, Stored},
+    send::{Addressee, CopyOutcome, QueuedSend, SendOutcome, Stored, copy_key},
 };
 pub use error::{POOL_BUSY, READ_ONLY, STALLED, StoreError};
 pub use messages::Polled;

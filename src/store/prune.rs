@@ -2,7 +2,8 @@
 //! admin refused`) and finished webhook deliveries are deleted a week after
 //! they happened, and console sessions once they expire, by every replica
 //! (idempotent), in bounded batches so that no statement holds locks for
-//! long. Messages are never deleted.
+//! long. Messages are kept forever unless the operator sets a retention
+//! (`PHONE_RETENTION_DAYS`): then those older than that go the same way.
 
 use std::time::Duration;
 
@@ -27,17 +28,36 @@ const DELIVERIES: &str = "DELETE FROM webhook_deliveries WHERE id = ANY (ARRAY(
          WHERE state <> 'pending' AND finished_at < now() - make_interval(secs => $1)
          ORDER BY finished_at LIMIT $2))";
 
+/// Messages older than `$1` seconds among the `$2` oldest (by id), so that a
+/// round reads at most `$2` rows whether or not any are old: ids grow with
+/// `sent_at` (each statement numbers its messages as it inserts them), so
+/// the oldest ids are the oldest messages. A reply to one loses its
+/// `reply_to` (ON DELETE SET NULL, `messages_reply_to_idx`). Primary key.
+const MESSAGES: &str = "DELETE FROM messages WHERE id = ANY (ARRAY(
+         SELECT id FROM (SELECT id, sent_at FROM messages ORDER BY id LIMIT $2) oldest
+         WHERE sent_at < now() - make_interval(secs => $1)))";
+
+/// The retention of `PHONE_RETENTION_DAYS` (0: none).
+pub fn retention(days: u32) -> Option<Duration> {
+    (days > 0).then(|| Duration::from_secs(u64::from(days) * 24 * 3600))
+}
+
 /// What one round deleted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Pruned {
     pub refused: u64,
     pub deliveries: u64,
     pub sessions: u64,
+    pub messages: u64,
 }
 
-/// One round: deletes what is older than `keep`, and expired console
-/// sessions.
-pub async fn once(db: &Client, keep: Duration) -> Result<Pruned, StoreError> {
+/// One round: deletes what is older than `keep`, expired console
+/// sessions, and messages older than `retention` when there is one.
+pub async fn once(
+    db: &Client,
+    keep: Duration,
+    retention: Option<Duration>,
+) -> Result<Pruned, StoreError> {
     let keep = keep.as_secs_f64();
     let mut deleted = [0u64; 3];
     for (i, sql) in [REFUSED, DELIVERIES, super::console::EXPIRED]
@@ -58,19 +78,32 @@ pub async fn once(db: &Client, keep: Duration) -> Result<Pruned, StoreError> {
             }
         }
     }
+    let mut messages = 0;
+    if let Some(retention) = retention {
+        let stmt = db.prepare_cached(MESSAGES).await?;
+        let secs = retention.as_secs_f64();
+        for _ in 0..100 {
+            let n = db.execute(&stmt, &[&secs, &BATCH]).await?;
+            messages += n;
+            if n < BATCH as u64 {
+                break;
+            }
+        }
+    }
     Ok(Pruned {
         refused: deleted[0],
         deliveries: deleted[1],
         sessions: deleted[2],
+        messages,
     })
 }
 
 /// Runs [`once`] at start and every ten minutes until `stop`.
-pub async fn run(store: Store, stop: CancellationToken) {
+pub async fn run(store: Store, stop: CancellationToken, retention: Option<Duration>) {
     loop {
         let outcome = async {
             let db = store.db().await?;
-            once(&db, KEEP).await
+            once(&db, KEEP, retention).await
         }
         .await;
         match outcome {
@@ -79,12 +112,14 @@ pub async fn run(store: Store, stop: CancellationToken) {
                 refused,
                 deliveries,
                 sessions,
+                messages,
             }) => {
                 tracing::info!(
                     refused,
                     deliveries,
                     sessions,
-                    "pruned old refused sends, webhook deliveries and console sessions"
+                    messages,
+                    "pruned old refused sends, webhook deliveries, console sessions and messages"
                 )
             }
             Err(e) => tracing::warn!(error = %e, "could not prune old rows"),

@@ -12,6 +12,8 @@ pub struct AgentCard {
     pub project: String,
     pub registered_at: DateTime<Utc>,
     pub last_seen_at: Option<DateTime<Utc>>,
+    /// Unseen for longer than the server's stale period.
+    pub stale: bool,
 }
 
 impl AgentCard {
@@ -22,6 +24,7 @@ impl AgentCard {
             project: row.get("project"),
             registered_at: row.get("registered_at"),
             last_seen_at: row.get("last_seen_at"),
+            stale: row.get("stale"),
         }
     }
 }
@@ -46,6 +49,8 @@ pub struct Message {
     pub leased_until: Option<DateTime<Utc>>,
     /// When it stopped coming back (leased too often, never acknowledged).
     pub dead_at: Option<DateTime<Utc>>,
+    /// When it is (or was) no longer delivered, if it has a lifetime.
+    pub expires_at: Option<DateTime<Utc>>,
 }
 
 impl Message {
@@ -65,6 +70,7 @@ impl Message {
             delivery_count: row.get("delivery_count"),
             leased_until: row.get("leased_until"),
             dead_at: row.get("dead_at"),
+            expires_at: row.get("expires_at"),
         }
     }
 }
@@ -78,6 +84,8 @@ pub enum Delivery {
     Acknowledged,
     /// Leased too often without an acknowledgement: it stopped coming back.
     Dead,
+    /// Its lifetime ended before it was read: it is no longer delivered.
+    Expired,
 }
 
 impl Delivery {
@@ -88,6 +96,7 @@ impl Delivery {
             Self::Read => "read",
             Self::Acknowledged => "acknowledged",
             Self::Dead => "dead",
+            Self::Expired => "expired",
         }
     }
 
@@ -97,6 +106,7 @@ impl Delivery {
             "read" => Self::Read,
             "leased" => Self::Leased,
             "dead" => Self::Dead,
+            "expired" => Self::Expired,
             _ => Self::Waiting,
         }
     }

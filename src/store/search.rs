@@ -68,12 +68,17 @@ fn tsqueries(words: &[String]) -> TsQueries {
 
 /// A page of the whole directory (`project` None) or of one project, by
 /// name; agents that are unlisted or suspended are not shown. Indexes: `agents_active_name_idx`, `agents_project_idx`.
-const LIST_ALL: &str = "SELECT name, description, project, registered_at, last_seen_at
+/// `$3` (`$4` with a project) the seconds after which an unseen agent is
+/// stale and left out (0: never). A stale agent comes back the moment it is
+/// seen (any authenticated call writes `last_seen_at`).
+const LIST_ALL: &str = "SELECT name, description, project, registered_at, last_seen_at, false AS stale
      FROM agents WHERE unregistered_at IS NULL AND listed AND suspended_at IS NULL
+       AND ($3::float8 = 0 OR coalesce(last_seen_at, registered_at) > now() - make_interval(secs => $3::float8))
      ORDER BY name LIMIT $1 OFFSET $2";
-const LIST_PROJECT: &str = "SELECT name, description, project, registered_at, last_seen_at
+const LIST_PROJECT: &str = "SELECT name, description, project, registered_at, last_seen_at, false AS stale
      FROM agents WHERE unregistered_at IS NULL AND listed AND suspended_at IS NULL
        AND lower(project) = lower($1)
+       AND ($4::float8 = 0 OR coalesce(last_seen_at, registered_at) > now() - make_interval(secs => $4::float8))
      ORDER BY name LIMIT $2 OFFSET $3";
 
 /// Agents by name, `fetch` rows from `offset` (one statement per shape, each
@@ -84,15 +89,18 @@ pub async fn list(
     project: Option<&str>,
     fetch: i64,
     offset: i64,
+    stale_after_secs: f64,
 ) -> Result<Vec<AgentCard>, StoreError> {
     let rows = match project {
         None => {
             let stmt = db.prepare_cached(LIST_ALL).await?;
-            db.query(&stmt, &[&fetch, &offset]).await?
+            db.query(&stmt, &[&fetch, &offset, &stale_after_secs])
+                .await?
         }
         Some(project) => {
             let stmt = db.prepare_cached(LIST_PROJECT).await?;
-            db.query(&stmt, &[&project, &fetch, &offset]).await?
+            db.query(&stmt, &[&project, &fetch, &offset, &stale_after_secs])
+                .await?
         }
     };
     Ok(rows.iter().map(AgentCard::from_row).collect())
@@ -100,7 +108,8 @@ pub async fn list(
 
 /// Agents matching `words` (at least one), ranked: `exact_name` first, then
 /// agents matching every word, whole-word matches before prefix-only ones,
-/// then by `ts_rank`; `fetch` rows from `offset`.
+/// then by `ts_rank`; `fetch` rows from `offset`. Stale agents (unseen for
+/// `stale_after_secs`, 0: never) are left out unless named exactly.
 pub async fn search(
     db: &Client,
     words: &[String],
@@ -108,6 +117,7 @@ pub async fn search(
     project: Option<&str>,
     fetch: i64,
     offset: i64,
+    stale_after_secs: f64,
 ) -> Result<Vec<AgentCard>, StoreError> {
     let q = tsqueries(words);
     let stmt = db
@@ -122,6 +132,7 @@ pub async fn search(
         &exact_name,
         &fetch,
         &offset,
+        &stale_after_secs,
     ];
     if let Some(project) = &project {
         params.push(project);
@@ -160,8 +171,9 @@ struct Tier {
 
 /// `$1` any word, `$2` all words, `$3` any whole word, `$4` all words whole,
 /// `$5` the last word's prefix (the tsquery texts of [`tsqueries`]), `$6`
-/// the query as an exact name, `$7` limit, `$8` offset, `$9` project (when
-/// filtered).
+/// the query as an exact name, `$7` limit, `$8` offset, `$9` seconds unseen
+/// after which an agent is stale (0: never; a stale agent is found by its
+/// exact name only), `$10` project (when filtered).
 ///
 /// A GIN scan enumerates every match before the first row comes out: a word
 /// in one description of ten is ~100,000 matches at 1M agents and 20-60 ms,
@@ -202,8 +214,8 @@ fn build_search_sql(project: bool, several_words: bool) -> String {
     let (in_project, project_words, and_project) = if project {
         (
             " AND (lower(project) = (SELECT project FROM q)) IS TRUE",
-            ",\n        lower($9) AS project,
-        plainto_tsquery('english', translate($9, '._-', '   ')) AS project_words",
+            ",\n        lower($10) AS project,
+        plainto_tsquery('english', translate($10, '._-', '   ')) AS project_words",
             " && project_words",
         )
     } else {
@@ -391,9 +403,13 @@ fn build_search_sql(project: bool, several_words: bool) -> String {
     format!(
         "WITH {},
     candidates AS ({candidates})
-SELECT a.name, a.description, a.project, a.registered_at, a.last_seen_at
+SELECT a.name, a.description, a.project, a.registered_at, a.last_seen_at,
+       $9::float8 > 0 AND coalesce(a.last_seen_at, a.registered_at)
+           <= now() - make_interval(secs => $9::float8) AS stale
 FROM agents a, q
 WHERE a.id = ANY (ARRAY(SELECT id FROM candidates)) AND a.listed AND a.suspended_at IS NULL
+  AND ($9::float8 = 0 OR a.name = $6
+       OR coalesce(a.last_seen_at, a.registered_at) > now() - make_interval(secs => $9::float8))
 ORDER BY a.name = $6 DESC,
          a.search @@ q.all_words DESC,
          ts_rank(a.search, q.any_whole_word) DESC,
@@ -434,7 +450,7 @@ mod tests {
         }
         for (project, several) in [(false, false), (false, true), (true, false), (true, true)] {
             let sql = search_sql(project, several);
-            assert_eq!(sql.contains("$9"), project);
+            assert_eq!(sql.contains("$10"), project);
             assert_eq!(sql.contains("some_word"), several);
         }
     }

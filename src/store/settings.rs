@@ -96,6 +96,60 @@ const MARK: &str = "WITH req AS (
            AND m.sender_id = ANY (ARRAY(SELECT id FROM target WHERE mark = 'unblock')))
      SELECT t.name, (SELECT count(*) FROM changed) AS changed FROM target t";
 
+/// A block's withdrawal once more, in a statement that begins after the
+/// block committed: a send whose statement began before the block and
+/// committed after the block's own withdrawal looked was seen by neither
+/// (each statement reads its own snapshot), and its message would wait in
+/// the inbox past the block (tests/teams.rs, a group send racing a block).
+/// `$1` the agent, `$2` names it blocked. `messages_unread_sender_idx`.
+const WITHDRAW_AGAIN: &str = "UPDATE messages m SET dead_at = now(), dead_reason = 'blocked'
+     WHERE m.recipient_id = $1 AND m.read_at IS NULL AND m.dead_at IS NULL
+       AND m.sender_id = ANY (ARRAY(
+           SELECT c.other_id FROM contacts c JOIN agents a ON a.id = c.other_id
+           WHERE c.agent_id = $1 AND c.is_blocked AND a.name = ANY ($2::text[])))";
+
+/// The other transactions of this database in progress now (their
+/// virtual ids): every statement that took its snapshot before now runs in
+/// one of them. `pg_locks`, `pg_stat_activity`.
+const IN_PROGRESS: &str = "SELECT coalesce(array_agg(l.virtualtransaction), '{}') FROM pg_locks l
+     JOIN pg_stat_activity a ON a.pid = l.pid
+     WHERE l.locktype = 'virtualxid' AND l.pid <> pg_backend_pid()
+       AND a.datname = current_database()";
+
+/// How many of the transactions `$1` are still in progress.
+const STILL_IN_PROGRESS: &str = "SELECT count(*) FROM pg_locks
+     WHERE locktype = 'virtualxid' AND virtualtransaction = ANY ($1::text[])";
+
+/// The longest a block waits for the sends that may have missed it.
+const STRADDLERS_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// [`WITHDRAW_AGAIN`], after the block's transaction committed and every
+/// transaction then in progress ended (up to [`STRADDLERS_WAIT`]): a send
+/// whose statement took its snapshot before the block committed runs in one
+/// of them, so once they are over, whatever such a send stored is visible
+/// to this statement and withdrawn; a send that began later sees the block
+/// and is refused. The wait is the blocker's alone (a block is rare); no
+/// send pays for it.
+pub async fn withdraw_again(
+    db: &Client,
+    agent_id: i64,
+    blocked: &[&str],
+) -> Result<u64, StoreError> {
+    let list = db.prepare_cached(IN_PROGRESS).await?;
+    let open: Vec<String> = db.query_one(&list, &[]).await?.get(0);
+    let still = db.prepare_cached(STILL_IN_PROGRESS).await?;
+    let until = tokio::time::Instant::now() + STRADDLERS_WAIT;
+    while !open.is_empty() && tokio::time::Instant::now() < until {
+        let n: i64 = db.query_one(&still, &[&open]).await?.get(0);
+        if n == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    let stmt = db.prepare_cached(WITHDRAW_AGAIN).await?;
+    db.execute(&stmt, &[&agent_id, &blocked]).await
+}
+
 /// Rows of `$1` that say nothing any more (after a disallow or unblock).
 const PRUNE: &str =
     "DELETE FROM contacts WHERE agent_id = $1 AND NOT is_contact AND NOT is_blocked";

@@ -136,6 +136,11 @@ const CLAIM: &str = "WITH due AS MATERIALIZED (
                     AND a.unregistered_at IS NULL AND a.suspended_at IS NULL
                     AND a.webhook_secret IS NOT NULL AS live,
                 d.created_at < now() - make_interval(secs => $3) AS expired,
+                -- A message past its lifetime is no longer delivered, nor
+                -- announced (primary key probe).
+                NOT d.summary AND EXISTS (
+                    SELECT 1 FROM messages m
+                    WHERE m.id = d.message_id AND m.expires_at <= now()) AS lapsed,
                 h.retry_at
          FROM webhook_deliveries d JOIN agents a ON a.id = d.agent_id
          LEFT JOIN webhook_hosts h ON h.host = a.webhook_host
@@ -147,7 +152,8 @@ const CLAIM: &str = "WITH due AS MATERIALIZED (
                 -- so that the agents pointing at it take turns.
                 row_number() OVER (PARTITION BY x.host ORDER BY x.attempts, x.id) AS nth_host
          FROM due x
-         WHERE x.live AND NOT x.expired AND (x.retry_at IS NULL OR x.retry_at <= now())),
+         WHERE x.live AND NOT x.expired AND NOT x.lapsed
+           AND (x.retry_at IS NULL OR x.retry_at <= now())),
      flying AS MATERIALIZED (
          SELECT r.agent_id, (
                     SELECT count(*) FROM webhook_deliveries f
@@ -173,14 +179,16 @@ const CLAIM: &str = "WITH due AS MATERIALIZED (
          UPDATE webhook_deliveries d
          SET next_at = least(x.retry_at, x.created_at + make_interval(secs => $3))
          FROM due x
-         WHERE d.id = x.id AND x.live AND NOT x.expired AND x.retry_at > now()),
+         WHERE d.id = x.id AND x.live AND NOT x.expired AND NOT x.lapsed AND x.retry_at > now()),
      ended AS (
          UPDATE webhook_deliveries d
          SET state = CASE WHEN x.live THEN 'failed' ELSE 'gone' END, finished_at = now(),
              claimed_until = NULL,
-             last_error = CASE WHEN x.live THEN 'not delivered within the retry period' END
+             last_error = CASE WHEN NOT x.live THEN NULL
+                               WHEN x.lapsed THEN 'the message expired before delivery'
+                               ELSE 'not delivered within the retry period' END
          FROM due x
-         WHERE d.id = x.id AND (NOT x.live OR x.expired))
+         WHERE d.id = x.id AND (NOT x.live OR x.expired OR x.lapsed))
      SELECT c.id, c.agent_id, c.attempts, c.created_at, c.summary, a.webhook_url,
             a.webhook_host, a.webhook_secret,
             m.id AS message_id, s.name AS sender, s.project AS sender_project, a.name AS recipient,

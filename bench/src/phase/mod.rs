@@ -13,7 +13,8 @@
 //! - `webhooks` and `policy`: sends to agents with webhooks or contact
 //!   policies against sends to agents without (sharing `ab`);
 //! - `search`: the directory at 10k to 1M agents;
-//! - `growth`: inbox latency at a small and a large message history.
+//! - `growth`: inbox latency at a small and a large message history;
+//! - `teams`: group sends against single sends, and search of one's mail.
 //!
 //! Each module holds what its phase measures (`run`), its results, and its
 //! rows of the table of targets and its section of `RESULTS.md`.
@@ -26,6 +27,7 @@ pub(crate) mod mix;
 pub(crate) mod policy;
 pub(crate) mod rate;
 pub(crate) mod search;
+pub(crate) mod teams;
 pub(crate) mod wake;
 pub(crate) mod webhooks;
 

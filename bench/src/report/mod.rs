@@ -45,6 +45,7 @@ pub(crate) struct Report {
     pub(crate) hot_rate: Option<RateRow>,
     pub(crate) webhooks: Option<HookReport>,
     pub(crate) policy: Option<PolicyReport>,
+    pub(crate) teams: Option<crate::phase::teams::TeamsReport>,
     pub(crate) mem: Vec<MemRow>,
     pub(crate) skipped: Vec<String>,
 }
@@ -85,6 +86,9 @@ pub(crate) fn render(
     if let Some(x) = &r.policy {
         let _ = writeln!(w, "{}", policy::target_row(x));
     }
+    if let Some(x) = &r.teams {
+        crate::phase::teams::target_rows(w, x);
+    }
     memory::target_rows(w, r);
 
     // Then the sections, each when its phase ran.
@@ -114,6 +118,9 @@ pub(crate) fn render(
     }
     if let Some(x) = &r.policy {
         policy::section(w, x, opts, mode);
+    }
+    if let Some(x) = &r.teams {
+        crate::phase::teams::section(w, x);
     }
     s
 }

@@ -8,7 +8,9 @@
 use super::{
     PendingWakes, Write,
     poll::{POLLERS, QueuedPoll, polls},
-    send::{NOTIFY_SQL, QueuedSend, SENDERS, SendOutcome, WAKE_SQL, sends, waiting_among},
+    send::{
+        NOTIFY_SQL, QueuedSend, SENDERS, SendOutcome, WAKE_SQL, copy_key, sends, waiting_among,
+    },
 };
 use crate::store::fragments::{SENDER_LOOKUP, message_columns, presence_write};
 use crate::store::messages::Polled;
@@ -93,14 +95,13 @@ impl Write for MailWrite {
         let stmt = client.prepare_cached(&MAIL_BATCH_SQL).await?;
         let tokens: Vec<&[u8]> = sends.iter().map(|s| s.token.as_slice()).collect();
         let claimed: Vec<Option<&str>> = sends.iter().map(|s| s.claimed.as_deref()).collect();
-        let to_names: Vec<&str> = sends.iter().map(|s| s.to_name.as_str()).collect();
         let subjects: Vec<Option<&str>> = sends.iter().map(|s| s.subject.as_deref()).collect();
         let bodies: Vec<&str> = sends.iter().map(|s| s.body.as_str()).collect();
         let reply_tos: Vec<Option<i64>> = sends.iter().map(|s| s.reply_to).collect();
         let threads: Vec<Option<i64>> = sends.iter().map(|s| s.thread_id).collect();
-        let keys: Vec<Option<&str>> = sends.iter().map(|s| s.idempotency_key.as_deref()).collect();
-        let to_ids: Vec<Option<i64>> = sends.iter().map(|s| s.to_id).collect();
-        let answers: Vec<bool> = sends.iter().map(|s| s.answers_recipient).collect();
+        let lifetimes: Vec<Option<f64>> = sends.iter().map(|s| s.expires_in).collect();
+        // One element per copy; `copy_of` finds each copy's send again.
+        let copies = Copies::of(&sends);
         let q = self.quotas;
         let poll_tokens: Vec<&[u8]> = polls.iter().map(|p| p.token.as_slice()).collect();
         let poll_claimed: Vec<Option<&str>> = polls.iter().map(|p| p.claimed.as_deref()).collect();
@@ -123,13 +124,13 @@ impl Write for MailWrite {
                 &[
                     &tokens,
                     &claimed,
-                    &to_names,
+                    &copies.names,
                     &subjects,
                     &bodies,
                     &reply_tos,
                     &threads,
-                    &keys,
-                    &to_ids,
+                    &copies.keys,
+                    &copies.ids,
                     &poll_tokens,
                     &poll_claimed,
                     &limits,
@@ -137,12 +138,14 @@ impl Write for MailWrite {
                     &to_wake,
                     &lease_secs,
                     &max_deliveries,
-                    &answers,
+                    &copies.answers,
                     &q.sends_per_hour,
                     &q.new_recipients_per_day,
                     &q.unread_max,
                     &q.unread_per_sender,
                     &q.webhook_backlog,
+                    &lifetimes,
+                    &copies.send,
                 ],
             )
             .await
@@ -156,7 +159,7 @@ impl Write for MailWrite {
         let mut done: Vec<MailDone> = calls
             .iter()
             .map(|call| match call {
-                MailCall::Send(_) => MailDone::Sent(SendOutcome::NOT_ACCEPTED),
+                MailCall::Send(send) => MailDone::Sent(SendOutcome::not_accepted(send.to.len())),
                 MailCall::Poll(_) => MailDone::Polled(Polled::default()),
             })
             .collect();
@@ -175,8 +178,16 @@ impl Write for MailWrite {
             let Ok(i) = usize::try_from(ord - 1) else {
                 continue;
             };
-            let at = if is_poll { &poll_at } else { &send_at };
-            let Some(outcome) = at.get(i).and_then(|at| done.get_mut(*at)) else {
+            // A send's row is one of its copies.
+            let (call, copy) = if is_poll {
+                (poll_at.get(i).copied(), 0)
+            } else {
+                match copies.copy_of.get(i) {
+                    Some(&(send, copy)) => (send_at.get(send).copied(), copy),
+                    None => (None, 0),
+                }
+            };
+            let Some(outcome) = call.and_then(|at| done.get_mut(at)) else {
                 continue;
             };
             match outcome {
@@ -185,7 +196,7 @@ impl Write for MailWrite {
                     if row.get::<_, Option<bool>>("hooked") == Some(true) {
                         hooked = true;
                     }
-                    *sent = SendOutcome::from_row(row);
+                    sent.add_row(copy, row);
                     if let Some(recipient) = row.get::<_, Option<i64>>("recipient_id") {
                         stored_for.push(recipient);
                     }
@@ -244,6 +255,49 @@ impl Write for MailWrite {
     }
 }
 
+/// The copies of a batch's sends, one element per recipient, as the mail
+/// statement's per-copy arrays take them.
+struct Copies<'a> {
+    /// The send each copy belongs to (1-based, as the statement numbers
+    /// sends).
+    send: Vec<i64>,
+    names: Vec<&'a str>,
+    ids: Vec<Option<i64>>,
+    answers: Vec<bool>,
+    keys: Vec<Option<String>>,
+    /// For each copy (0-based, in order): its send's place among the sends
+    /// and its place among that send's recipients.
+    copy_of: Vec<(usize, usize)>,
+}
+
+impl<'a> Copies<'a> {
+    fn of(sends: &[&'a QueuedSend]) -> Self {
+        let mut copies = Self {
+            send: Vec::new(),
+            names: Vec::new(),
+            ids: Vec::new(),
+            answers: Vec::new(),
+            keys: Vec::new(),
+            copy_of: Vec::new(),
+        };
+        for (n, send) in sends.iter().enumerate() {
+            for (c, to) in send.to.iter().enumerate() {
+                copies.send.push(n as i64 + 1);
+                copies.names.push(&to.name);
+                copies.ids.push(to.id);
+                copies.answers.push(to.answers_recipient);
+                copies.keys.push(
+                    send.idempotency_key
+                        .as_deref()
+                        .map(|k| copy_key(k, &to.name, send.to.len())),
+                );
+                copies.copy_of.push((n, c));
+            }
+        }
+        copies
+    }
+}
+
 /// Notifies every replica that mail for `agents` (who wait) arrived.
 async fn notify(pool: &Pool, wakeup: &Wakeup, agents: &[i64]) {
     let outcome = async {
@@ -292,7 +346,7 @@ impl super::Batcher<MailWrite> {
     }
 }
 
-/// The mail statement, built once. `$1`-`$9` the sends (see `sends`),
+/// The mail statement, built once. `$1`-`$9`, `$17`-`$24` the sends (see `sends`),
 /// `$10` token digests, `$11` claimed names, `$12` limits, `$15` lease
 /// seconds and `$16` max deliveries (NULL for read polls) of the polls
 /// (arrays, one element per call), `$13` the unread count's cap, `$14`
@@ -331,7 +385,7 @@ static MAIL_BATCH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
          {SENDER_LOOKUP}
          UNION ALL
          SELECT false, rs.ord, rs.sender_id, i.id, NULL, NULL, NULL, NULL, NULL, NULL,
-                i.thread_id, i.sent_at, NULL, NULL, NULL, NULL, NULL, i.recipient_id, d.refusal,
+                i.thread_id, i.sent_at, NULL, NULL, NULL, NULL, NULL, NULL, i.recipient_id, d.refusal,
                 rs.hooked AND i.id IS NOT NULL
          FROM resolved rs
          JOIN decided d ON d.ord = rs.ord
@@ -339,7 +393,7 @@ static MAIL_BATCH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
          LEFT JOIN inserted i ON i.id = n.id
          UNION ALL
          SELECT NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                NULL, NULL, NULL, NULL, NULL, NULL, NULL, w.agent_id, NULL, NULL
+                NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, w.agent_id, NULL, NULL
          FROM woken CROSS JOIN unnest(woken.ids) AS w(agent_id)
          ORDER BY is_poll, ord, id"
     )

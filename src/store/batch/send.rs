@@ -7,35 +7,64 @@ use chrono::{DateTime, Utc};
 use crate::store::fragments::{INBOX_ORDER, available_to, caller_by_token};
 use crate::store::wakeup::CHANNEL;
 
-/// One send, resolved as far as the request alone allows. Not `Debug`: it
-/// holds a token digest and a message body, which logs must never show.
+/// One send, resolved as far as the request alone allows: one message per
+/// addressee, in one statement. Not `Debug`: it holds a token digest and a
+/// message body, which logs must never show.
 #[derive(Clone)]
 pub struct QueuedSend {
     pub token: [u8; 32],
     pub claimed: Option<String>,
-    pub to_name: String,
+    /// One or more (a group send: up to 20); each is decided on its own.
+    pub to: Vec<Addressee>,
     pub subject: Option<String>,
     pub body: String,
     pub reply_to: Option<i64>,
     pub thread_id: Option<i64>,
     pub idempotency_key: Option<String>,
+    /// Seconds until it is no longer delivered (`None`: never).
+    pub expires_in: Option<f64>,
+}
+
+/// One recipient of a send.
+#[derive(Debug, Clone)]
+pub struct Addressee {
+    pub name: String,
     /// A reply's recipient, by id (a name may have been re-registered).
-    pub to_id: Option<i64>,
-    /// It answers a message the recipient sent the caller: allowed under
+    pub id: Option<i64>,
+    /// It answers a message this recipient sent the caller: allowed under
     /// any contact policy (not a block).
     pub answers_recipient: bool,
 }
 
-/// What the statement did with one send.
+/// The idempotency key stored on one copy of a send: the key itself for a
+/// send to one, and the key with the recipient's name after a unit
+/// separator (a control character, which no key may hold) for each copy of
+/// a group send, so that each copy is stored at most once and a retry finds
+/// each of them (`messages_idempotency_idx`).
+pub fn copy_key(key: &str, recipient: &str, copies: usize) -> String {
+    if copies > 1 {
+        format!("{key}\u{1f}{recipient}")
+    } else {
+        key.to_owned()
+    }
+}
+
+/// What the statement did with one send: per addressee, in order.
 #[derive(Debug, Clone)]
 pub struct SendOutcome {
     /// The sender, when its token (and claimed name) were accepted.
     pub me_id: Option<i64>,
+    pub copies: Vec<CopyOutcome>,
+}
+
+/// What the statement did with one copy of a send.
+#[derive(Debug, Clone, Default)]
+pub struct CopyOutcome {
     /// The stored message; `None` when the recipient is unknown, the
     /// idempotency key was already used, or the send was refused.
     pub stored: Option<Stored>,
     /// Why the recipient's policy or a quota refused it: `refused`,
-    /// `send_quota`, `new_recipient_quota`, `inbox_full`.
+    /// `send_quota`, `new_recipient_quota`, `inbox_full`, `inbox_share`.
     pub refusal: Option<String>,
 }
 
@@ -47,22 +76,26 @@ pub struct Stored {
 }
 
 impl SendOutcome {
-    pub(super) const NOT_ACCEPTED: Self = Self {
-        me_id: None,
-        stored: None,
-        refusal: None,
-    };
-
-    /// From a row of the sends' part of the mail statement's result.
-    pub(super) fn from_row(row: &tokio_postgres::Row) -> Self {
+    pub(super) fn not_accepted(copies: usize) -> Self {
         Self {
-            me_id: row.get("me_id"),
-            stored: row.get::<_, Option<i64>>("id").map(|id| Stored {
-                id,
-                thread_id: row.get("thread_id"),
-                sent_at: row.get("sent_at"),
-            }),
-            refusal: row.get("refusal"),
+            me_id: None,
+            copies: vec![CopyOutcome::default(); copies],
+        }
+    }
+
+    /// Adds a row of the sends' part of the mail statement's result, for
+    /// copy `copy`.
+    pub(super) fn add_row(&mut self, copy: usize, row: &tokio_postgres::Row) {
+        self.me_id = row.get("me_id");
+        if let Some(slot) = self.copies.get_mut(copy) {
+            *slot = CopyOutcome {
+                stored: row.get::<_, Option<i64>>("id").map(|id| Stored {
+                    id,
+                    thread_id: row.get("thread_id"),
+                    sent_at: row.get("sent_at"),
+                }),
+                refusal: row.get("refusal"),
+            };
         }
     }
 }
@@ -106,21 +139,26 @@ pub(super) static NOTIFY_SQL: std::sync::LazyLock<String> = std::sync::LazyLock:
 });
 
 /// The sends' CTEs of the mail statement. Arrays, one element per send:
-/// `$1` token digests, `$2` claimed names, `$3` recipient names, `$4`
-/// subjects, `$5` bodies, `$6` reply_to, `$7` threads, `$8` idempotency
-/// keys, `$9` recipient ids (replies), `$17` whether the send answers a
-/// message the recipient sent the caller; and the quotas (0: off): `$18`
+/// `$1` token digests, `$2` claimed names, `$4` subjects, `$5` bodies, `$6`
+/// reply_to, `$7` threads, `$23` lifetimes in seconds (NULL: none); one
+/// element per copy (a send to several recipients has one per recipient):
+/// `$24` the send it belongs to (1-based), `$3` recipient names, `$9`
+/// recipient ids (replies), `$17` whether the copy answers a message its
+/// recipient sent the caller, `$8` idempotency keys (see [`copy_key`]); and
+/// the quotas (0: off): `$18`
 /// sends per sender per hour (refused sends count too), `$19` first
 /// messages to new recipients per sender per day, `$20` unread messages a
 /// recipient may hold from agents it does not know (twice that from those
 /// it does), `$21` unread messages one sender may hold in one inbox.
 ///
-/// `resolved` has the sender and recipient of each; `judged` what the
+/// `sme` verifies each send's caller once; `resolved` has the sender and
+/// recipient of each copy; `judged` what the
 /// recipient's contact policy says (a block wins over everything; an answer
 /// to the recipient's own message passes any other policy); `counted` and
-/// `verdict` the quotas, for the sends the policy let through (several
-/// sends of one sender in the batch count in order); `inserted` what was
-/// stored; `refusals` logs the rest; `hooked` queues a webhook delivery for
+/// `verdict` the quotas, for the copies the policy let through (several
+/// copies of one sender in the batch count in order); `inserted` what was
+/// stored (the copies of one send share a thread and a `group_id`, the
+/// first stored copy's id); `refusals` logs the rest; `hooked` queues a webhook delivery for
 /// each message to a recipient with a webhook (nothing for the others), up
 /// to `$22` pending per recipient; beyond, one "mail waits" summary stands
 /// for the rest (at most one pending: the unique index ignores the others). Each lookup is a LATERAL subquery with
@@ -135,30 +173,37 @@ pub(super) fn sends() -> String {
     format!(
         "
     sreq AS (
-        SELECT * FROM unnest((SELECT $1::bytea[]), (SELECT $2::text[]), (SELECT $3::text[]),
-                             (SELECT $4::text[]), (SELECT $5::text[]), (SELECT $6::bigint[]),
-                             (SELECT $7::bigint[]), (SELECT $8::text[]), (SELECT $9::bigint[]),
-                             (SELECT $17::bool[]))
-            WITH ORDINALITY AS r(token, claimed, to_name, subject, body, reply_to, thread_id,
-                                 idempotency_key, to_id, answers_recipient, ord)),
-    resolved AS (
-        SELECT r.ord, r.answers_recipient, me.id AS sender_id, me.project AS sender_project,
-               me.last_seen_at, recipient.id AS recipient_id, recipient.project AS recipient_project,
-               recipient.contact_policy, recipient.suspended, recipient.hooked
+        SELECT * FROM unnest((SELECT $1::bytea[]), (SELECT $2::text[]), (SELECT $4::text[]),
+                             (SELECT $5::text[]), (SELECT $6::bigint[]), (SELECT $7::bigint[]),
+                             (SELECT $23::float8[]))
+            WITH ORDINALITY AS r(token, claimed, subject, body, reply_to, thread_id, expires_in, sord)),
+    sme AS (
+        SELECT r.sord, me.id, me.project, me.last_seen_at
         FROM sreq r
-        LEFT JOIN LATERAL (
+        CROSS JOIN LATERAL (
             SELECT id, project, last_seen_at FROM agents
             WHERE {caller}
-            OFFSET 0) me ON true
+            OFFSET 0) me),
+    scopy AS (
+        SELECT x.*, count(*) OVER (PARTITION BY x.sord) AS copies
+        FROM unnest((SELECT $24::bigint[]), (SELECT $3::text[]), (SELECT $9::bigint[]),
+                    (SELECT $17::bool[]), (SELECT $8::text[]))
+            WITH ORDINALITY AS x(sord, to_name, to_id, answers_recipient, idempotency_key, ord)),
+    resolved AS (
+        SELECT x.ord, x.sord, x.answers_recipient, me.id AS sender_id, me.project AS sender_project,
+               me.last_seen_at, recipient.id AS recipient_id, recipient.project AS recipient_project,
+               recipient.contact_policy, recipient.suspended, recipient.hooked
+        FROM scopy x
+        LEFT JOIN sme me ON me.sord = x.sord
         LEFT JOIN LATERAL (
             SELECT a.id, a.project, a.contact_policy, a.suspended_at IS NOT NULL AS suspended,
                    a.webhook_url IS NOT NULL AND a.webhook_disabled_at IS NULL AS hooked
             FROM agents a
-            WHERE r.to_id IS NULL AND a.name = r.to_name AND a.unregistered_at IS NULL
+            WHERE x.to_id IS NULL AND a.name = x.to_name AND a.unregistered_at IS NULL
             UNION ALL
             SELECT a.id, a.project, a.contact_policy, a.suspended_at IS NOT NULL,
                    a.webhook_url IS NOT NULL AND a.webhook_disabled_at IS NULL
-            FROM agents a WHERE a.id = r.to_id AND a.unregistered_at IS NULL
+            FROM agents a WHERE a.id = x.to_id AND a.unregistered_at IS NULL
         ) recipient ON me.id IS NOT NULL),
     judged AS (
         SELECT rs.ord, rs.sender_id, rs.recipient_id,
@@ -253,10 +298,16 @@ pub(super) fn sends() -> String {
         FROM (SELECT ord, sender_id, recipient_id FROM decided
               WHERE recipient_id IS NOT NULL AND refusal IS NULL ORDER BY ord) x),
     inserted AS (
-        INSERT INTO messages (id, sender_id, recipient_id, subject, body, reply_to, thread_id, idempotency_key)
+        INSERT INTO messages (id, sender_id, recipient_id, subject, body, reply_to, thread_id,
+                              idempotency_key, expires_at, group_id)
         SELECT n.id, n.sender_id, n.recipient_id, r.subject, r.body, r.reply_to,
-               coalesce(r.thread_id, n.id), r.idempotency_key
-        FROM numbered n JOIN sreq r ON r.ord = n.ord
+               coalesce(r.thread_id, n.first), x.idempotency_key,
+               now() + make_interval(secs => r.expires_in),
+               CASE WHEN x.copies > 1 THEN n.first END
+        FROM (SELECT n.*, min(n.id) OVER (PARTITION BY x.sord) AS first
+              FROM numbered n JOIN scopy x ON x.ord = n.ord) n
+        JOIN scopy x ON x.ord = n.ord
+        JOIN sreq r ON r.sord = x.sord
         ON CONFLICT (sender_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING id, thread_id, sent_at, sender_id, recipient_id),
     hour_counted AS (

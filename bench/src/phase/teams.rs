@@ -1,0 +1,370 @@
+//! `teams`: mail for teams (issue 28). (1) Closed-loop sends from
+//! `SENDERS` agents, alternated over rounds: (a) each send to one of 20
+//! recipients, (b) each a group send to all 20; the target is a group send
+//! costing at most 3× a single send, in sends (calls) per second of the same
+//! run. (2) Search of one's own mail: a mailbox of `searcher_messages`
+//! among `total_messages` stored, searched by `SEARCHERS` closed loops
+//! with one or two words of the seeded vocabulary; the target is p99 ≤ 20 ms.
+
+use std::{
+    fmt::Write as _,
+    time::{Duration, Instant},
+};
+
+use serde_json::json;
+
+use crate::cli::{Opts, pg_url};
+use crate::db;
+use crate::load::{Agent, BODY, register};
+use crate::mcp::{Conn, Target};
+use crate::mode::Mode;
+use crate::replicas::{start_replicas_env, stop_replicas, targets};
+use crate::report::verdict;
+use crate::stats::{Errors, Lat, Summary};
+
+const DB_TEAMS: &str = "phone_bench_teams";
+const SENDERS: usize = 8;
+const RECIPIENTS: usize = 20;
+const SEARCHERS: usize = 4;
+const ROUNDS: usize = 2;
+/// The words the seeded mail is written in (each body: five of them).
+const WORDS: &[&str] = &[
+    "invoice",
+    "payment",
+    "march",
+    "april",
+    "report",
+    "deploy",
+    "review",
+    "contract",
+    "budget",
+    "meeting",
+    "customer",
+    "refund",
+    "release",
+    "incident",
+    "backup",
+    "travel",
+    "hiring",
+    "security",
+    "audit",
+    "roadmap",
+    "translation",
+    "calendar",
+    "pricing",
+    "shipment",
+    "ticket",
+];
+
+pub(crate) struct TeamsReport {
+    /// Per round: (single sends/s, group sends/s), calls answered as stored.
+    rounds: Vec<(f64, f64)>,
+    single_lat: Summary,
+    group_lat: Summary,
+    errors: String,
+    total_messages: i64,
+    mailbox: i64,
+    seed_secs: f64,
+    search: Summary,
+    searches_per_s: f64,
+    search_errors: String,
+}
+
+impl TeamsReport {
+    /// The median of the rounds' single ÷ group ratios.
+    fn ratio(&self) -> f64 {
+        let mut v: Vec<f64> = self.rounds.iter().map(|(s, g)| s / g.max(1e-9)).collect();
+        v.sort_by(f64::total_cmp);
+        match v.len() {
+            0 => 0.0,
+            n if n % 2 == 1 => v[n / 2],
+            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+        }
+    }
+}
+
+pub(crate) async fn run(
+    opts: &Opts,
+    mode: &Mode,
+    admin: &tokio_postgres::Client,
+    t0: Instant,
+) -> Result<TeamsReport, String> {
+    db::recreate_database(admin, DB_TEAMS).await?;
+    // No quotas: the senders send far more than an hour's quota, and the
+    // recipients read nothing until a run ends (each copy would count its
+    // sender's share of the inbox).
+    let replicas = start_replicas_env(
+        opts,
+        DB_TEAMS,
+        1,
+        opts.base_port + 80,
+        "teams",
+        &[
+            ("PHONE_INBOX_UNREAD_MAX", "0"),
+            ("PHONE_INBOX_UNREAD_PER_SENDER", "0"),
+            ("PHONE_SEND_QUOTA_PER_HOUR", "0"),
+            ("PHONE_NEW_RECIPIENT_QUOTA_PER_DAY", "0"),
+        ],
+    )
+    .await?;
+    let outcome = async {
+        let tdb = db::connect(&pg_url(opts, DB_TEAMS)).await?;
+        let tg = targets(&replicas);
+        let names: Vec<String> = (1..=SENDERS)
+            .map(|i| format!("ts-{i}"))
+            .chain((1..=RECIPIENTS).map(|i| format!("tr-{i}")))
+            .collect();
+        let agents = register(&tg[0], &names, "teams").await?;
+        let (senders, recipients) = agents.split_at(SENDERS);
+        let to: Vec<String> = recipients.iter().map(|a| a.name.clone()).collect();
+        let secs = if mode.name == "quick" { 4 } else { 10 };
+        let measure = Duration::from_secs(secs);
+        let mut rounds = Vec::new();
+        let (mut single_lat, mut group_lat, mut errors) =
+            (Lat::default(), Lat::default(), Errors::default());
+        for round in 0..ROUNDS {
+            db::mark_all_read(&tdb).await?;
+            let (n, lat, e) = sends(&tg[0], senders, &to, false, measure).await;
+            single_lat.merge(lat);
+            errors.merge(e);
+            db::mark_all_read(&tdb).await?;
+            let (g, lat, e) = sends(&tg[0], senders, &to, true, measure).await;
+            group_lat.merge(lat);
+            errors.merge(e);
+            let pair = (n as f64 / secs as f64, g as f64 / secs as f64);
+            say!(
+                t0,
+                "teams round {}: {:.0} single sends/s, {:.0} group sends/s (×20 messages)",
+                round + 1,
+                pair.0,
+                pair.1
+            );
+            rounds.push(pair);
+        }
+
+        // Search: seed a history, then search one mailbox of it.
+        let (total, mailbox) = if mode.name == "quick" {
+            (200_000, 20_000)
+        } else {
+            (1_000_000, 100_000)
+        };
+        let seeded = Instant::now();
+        seed_history(&tdb, total, mailbox).await?;
+        let seed_secs = seeded.elapsed().as_secs_f64();
+        say!(t0, "teams: {total} messages seeded in {seed_secs:.0} s");
+        let searcher = &recipients[0];
+        let (done, lat, search_errors) = searches(&tg[0], searcher, measure).await;
+        let total_messages = db::scalar_i64(&tdb, "SELECT count(*) FROM messages").await?;
+        Ok(TeamsReport {
+            rounds,
+            single_lat: single_lat.summary(),
+            group_lat: group_lat.summary(),
+            errors: errors.describe(),
+            total_messages,
+            mailbox,
+            seed_secs,
+            search: lat.summary(),
+            searches_per_s: done as f64 / secs as f64,
+            search_errors: search_errors.describe(),
+        })
+    }
+    .await;
+    stop_replicas(replicas).await;
+    outcome
+}
+
+/// Closed-loop sends for `measure`: each sender either to one recipient
+/// after another, or (`group`) to all of them at once. Stored answers,
+/// their latencies, the errors.
+async fn sends(
+    target: &Target,
+    senders: &[Agent],
+    to: &[String],
+    group: bool,
+    measure: Duration,
+) -> (u64, Lat, Errors) {
+    let until = tokio::time::Instant::now() + measure;
+    let workers = senders.iter().enumerate().map(|(w, sender)| {
+        let (target, sender, to) = (target.clone(), sender.clone(), to.to_vec());
+        async move {
+            let (mut n, mut lat, mut errors) = (0u64, Lat::default(), Errors::default());
+            let Ok(mut conn) = Conn::open(&target).await else {
+                errors.add("initialize", "connect", "could not open");
+                return (n, lat, errors);
+            };
+            for i in 0..crate::load::MAX_CALLS_PER_WORKER {
+                if tokio::time::Instant::now() >= until {
+                    break;
+                }
+                let recipients = if group {
+                    json!(to)
+                } else {
+                    json!(to[(w + i as usize) % to.len()])
+                };
+                let started = Instant::now();
+                match conn
+                    .call_tool(
+                        "phone_send",
+                        json!({"to": recipients, "body": BODY}),
+                        Some(&sender.token),
+                    )
+                    .await
+                {
+                    Ok(_) => {
+                        n += 1;
+                        lat.record(started.elapsed());
+                    }
+                    Err(e) => errors.add("phone_send", e.kind(), &e.to_string()),
+                }
+            }
+            (n, lat, errors)
+        }
+    });
+    let mut total = (0, Lat::default(), Errors::default());
+    for (n, lat, errors) in futures_util::future::join_all(workers).await {
+        total.0 += n;
+        total.1.merge(lat);
+        total.2.merge(errors);
+    }
+    total
+}
+
+/// `total` messages between the phase's agents, `mailbox` of them to or
+/// from the searcher (`tr-1`), each body five words of [`WORDS`].
+async fn seed_history(db: &tokio_postgres::Client, total: i64, mailbox: i64) -> Result<(), String> {
+    db.execute(
+        "INSERT INTO messages (id, sender_id, recipient_id, body, thread_id, sent_at, read_at)
+         SELECT x.n, s.id, r.id,
+                (SELECT string_agg(($3::text[])[1 + floor(random() * array_length($3::text[], 1))::int], ' ')
+                 FROM generate_series(1, 5 + (x.n % 2)::int)),
+                x.n, now(), now()
+         FROM (SELECT nextval('messages_id_seq') AS n, g FROM generate_series(1, $1::bigint) g) x
+         JOIN agents s ON s.name = 'ts-' || (1 + x.g % 8)
+         JOIN agents r ON r.name = CASE WHEN x.g <= $2 THEN 'tr-1' ELSE 'tr-' || (2 + x.g % 19) END",
+        &[&total, &mailbox, &WORDS],
+    )
+    .await
+    .map_err(|e| format!("seed teams history: {}", db::pg_err(&e)))?;
+    db.batch_execute("VACUUM (ANALYZE) messages")
+        .await
+        .map_err(|e| format!("analyze: {}", db::pg_err(&e)))
+}
+
+/// `SEARCHERS` closed loops of `phone_inbox {query}` by `searcher` for
+/// `measure`, one or two words each.
+async fn searches(target: &Target, searcher: &Agent, measure: Duration) -> (u64, Lat, Errors) {
+    let until = tokio::time::Instant::now() + measure;
+    let workers = (0..SEARCHERS).map(|w| {
+        let (target, searcher) = (target.clone(), searcher.clone());
+        async move {
+            let (mut n, mut lat, mut errors) = (0u64, Lat::default(), Errors::default());
+            let Ok(mut conn) = Conn::open(&target).await else {
+                errors.add("initialize", "connect", "could not open");
+                return (n, lat, errors);
+            };
+            for i in 0..crate::load::MAX_CALLS_PER_WORKER {
+                if tokio::time::Instant::now() >= until {
+                    break;
+                }
+                let k = w * 7 + i as usize;
+                let query = if k % 2 == 0 {
+                    WORDS[k % WORDS.len()].to_owned()
+                } else {
+                    format!(
+                        "{} {}",
+                        WORDS[k % WORDS.len()],
+                        WORDS[(k / 3) % WORDS.len()]
+                    )
+                };
+                let started = Instant::now();
+                match conn
+                    .call_tool(
+                        "phone_inbox",
+                        json!({"query": query}),
+                        Some(&searcher.token),
+                    )
+                    .await
+                {
+                    Ok(_) => {
+                        n += 1;
+                        lat.record(started.elapsed());
+                    }
+                    Err(e) => errors.add("phone_inbox query", e.kind(), &e.to_string()),
+                }
+            }
+            (n, lat, errors)
+        }
+    });
+    let mut total = (0, Lat::default(), Errors::default());
+    for (n, lat, errors) in futures_util::future::join_all(workers).await {
+        total.0 += n;
+        total.1.merge(lat);
+        total.2.merge(errors);
+    }
+    total
+}
+
+/// The phase's rows of the table of targets.
+pub(crate) fn target_rows(w: &mut String, x: &TeamsReport) {
+    let ratio = x.ratio();
+    let _ = writeln!(
+        w,
+        "| a group send to 20 costs ≤ 3× a single send (sends/s, same run) | {ratio:.2}× | {} |",
+        verdict(ratio <= 3.0)
+    );
+    let _ = writeln!(
+        w,
+        "| search of one's own mail p99 ≤ 20 ms ({} messages stored, a mailbox of {}) | {:.1} ms | {} |",
+        x.total_messages,
+        x.mailbox,
+        x.search.p99,
+        verdict(x.search.p99 <= 20.0)
+    );
+}
+
+pub(crate) fn section(w: &mut String, x: &TeamsReport) {
+    let _ = writeln!(
+        w,
+        "\n## Mail for teams: group sends and search of one's mail\n"
+    );
+    let _ = writeln!(
+        w,
+        "{SENDERS} closed-loop senders on 1 replica, alternated: (a) each send to one of \
+         {RECIPIENTS} recipients in turn, (b) each a group send to all {RECIPIENTS} (one message \
+         per recipient). Sends/s are calls answered as stored.\n"
+    );
+    let _ = writeln!(
+        w,
+        "| round | single sends/s | group sends/s (messages/s) | single ÷ group |"
+    );
+    let _ = writeln!(w, "|---|---|---|---|");
+    for (i, (s, g)) in x.rounds.iter().enumerate() {
+        let _ = writeln!(
+            w,
+            "| {} | {s:.0} | {g:.0} ({:.0}) | {:.2}× |",
+            i + 1,
+            g * RECIPIENTS as f64,
+            s / g.max(1e-9)
+        );
+    }
+    let _ = writeln!(
+        w,
+        "\nLatency p50 / p99: single {:.1} / {:.1} ms, group {:.1} / {:.1} ms. Errors: {}.\n",
+        x.single_lat.p50, x.single_lat.p99, x.group_lat.p50, x.group_lat.p99, x.errors
+    );
+    let _ = writeln!(
+        w,
+        "Search: {} messages seeded in {:.0} s ({} to or from the searcher, five or six words \
+         of a {}-word vocabulary each), then {SEARCHERS} closed loops of `phone_inbox {{query}}` \
+         (one or two words): {:.0} searches/s, p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms. Errors: {}.",
+        x.total_messages,
+        x.seed_secs,
+        x.mailbox,
+        WORDS.len(),
+        x.searches_per_s,
+        x.search.p50,
+        x.search.p90,
+        x.search.p99,
+        x.search_errors
+    );
+}

@@ -1,0 +1,434 @@
+//! Sending: to one agent, to several at once (one message per recipient,
+//! one thread), replies to one party or to everyone ("reply all"), and
+//! mail that expires.
+
+use chrono::{DateTime, Utc};
+
+use super::types::{self, AgentName, IdempotencyKey, InvalidInput, MessageId};
+use super::{Call, Credentials, Phone, PhoneError};
+use crate::store::{self, Addressee, QueuedSend, copy_key};
+
+/// Recipients of one send, at most this many.
+pub const RECIPIENTS_MAX: usize = 20;
+/// The longest lifetime a message may be given: 30 days.
+pub const EXPIRES_IN_MAX: u32 = 30 * 24 * 3600;
+/// What `to` says for "everyone in the conversation" (with `reply_to`):
+/// not a name, which has no `*`.
+pub const EVERYONE: &str = "*";
+
+/// Who a send goes to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recipients {
+    /// `to` omitted: only with `reply_to`, the other party of the message.
+    OtherParty,
+    /// One name or several (a group send).
+    Names(Vec<AgentName>),
+    /// `to: "*"` with `reply_to`: everyone the message went between.
+    Everyone,
+}
+
+#[derive(Debug, Clone)]
+pub struct SendRequest {
+    pub to: Recipients,
+    pub subject: Option<String>,
+    pub body: String,
+    pub reply_to: Option<MessageId>,
+    pub idempotency_key: Option<IdempotencyKey>,
+    /// Seconds until the message is no longer delivered.
+    pub expires_in: Option<u32>,
+}
+
+impl SendRequest {
+    /// A send to one agent (or a reply), as the console writes it.
+    pub fn parse(
+        to: Option<&str>,
+        body: &str,
+        subject: Option<&str>,
+        reply_to: Option<&str>,
+        idempotency_key: Option<&str>,
+    ) -> Result<Self, InvalidInput> {
+        let to: Vec<&str> = to.into_iter().collect();
+        Self::parse_to(&to, body, subject, reply_to, idempotency_key, None)
+    }
+
+    /// `to`: no names (a reply's other party), one or several names, or
+    /// `*` alone (with `reply_to`: everyone).
+    pub fn parse_to(
+        to: &[&str],
+        body: &str,
+        subject: Option<&str>,
+        reply_to: Option<&str>,
+        idempotency_key: Option<&str>,
+        expires_in: Option<u32>,
+    ) -> Result<Self, InvalidInput> {
+        let reply_to = reply_to
+            .map(|r| MessageId::parse("reply_to", r))
+            .transpose()?;
+        let to = parse_recipients(to, reply_to.is_some())?;
+        if let Some(secs) = expires_in
+            && !(1..=EXPIRES_IN_MAX).contains(&secs)
+        {
+            return Err(InvalidInput::new(
+                "expires_in",
+                format!("must be from 1 to {EXPIRES_IN_MAX} seconds; got {secs}"),
+            ));
+        }
+        Ok(Self {
+            to,
+            subject: subject
+                .filter(|s| !s.trim().is_empty())
+                .map(|s| types::single_line("subject", s, types::SUBJECT_MAX))
+                .transpose()?,
+            body: types::body(body)?,
+            reply_to,
+            idempotency_key: idempotency_key.map(IdempotencyKey::parse).transpose()?,
+            expires_in,
+        })
+    }
+}
+
+fn parse_recipients(to: &[&str], replying: bool) -> Result<Recipients, InvalidInput> {
+    if to.iter().any(|t| t.trim() == EVERYONE) {
+        if to.len() > 1 {
+            return Err(InvalidInput::new(
+                "to",
+                "\"*\" stands alone: it means everyone in the conversation of reply_to",
+            ));
+        }
+        if !replying {
+            return Err(InvalidInput::new(
+                "to",
+                "\"*\" (everyone in a conversation) needs reply_to, the message you answer; \
+                 otherwise list the names",
+            ));
+        }
+        return Ok(Recipients::Everyone);
+    }
+    if to.is_empty() {
+        if replying {
+            return Ok(Recipients::OtherParty);
+        }
+        return Err(InvalidInput::new(
+            "to",
+            "is required (the recipient's name, or a list of names) unless reply_to names a message to answer",
+        ));
+    }
+    if to.len() > RECIPIENTS_MAX {
+        return Err(InvalidInput::new(
+            "to",
+            format!(
+                "lists {} names; send to at most {RECIPIENTS_MAX} at once",
+                to.len()
+            ),
+        ));
+    }
+    let mut names: Vec<AgentName> = Vec::with_capacity(to.len());
+    for raw in to {
+        let name = AgentName::parse("to", raw)?;
+        if names.contains(&name) {
+            return Err(InvalidInput::new(
+                "to",
+                format!("names '{name}' twice; list each recipient once"),
+            ));
+        }
+        names.push(name);
+    }
+    Ok(Recipients::Names(names))
+}
+
+/// What a send did.
+#[derive(Debug, Clone)]
+pub struct Sent {
+    /// The message, or for a group send the first copy stored.
+    pub id: MessageId,
+    /// The recipient, or for a group send the names, comma-separated.
+    pub to: String,
+    pub thread_id: MessageId,
+    pub sent_at: DateTime<Utc>,
+    /// True when this idempotency_key was seen before: nothing new was sent.
+    pub replayed: bool,
+    /// A send to several: each recipient's outcome, in order (empty for a
+    /// send to one, whose failure is the call's error).
+    pub copies: Vec<CopySent>,
+}
+
+/// One recipient's outcome in a group send.
+#[derive(Debug, Clone)]
+pub struct CopySent {
+    pub to: AgentName,
+    /// Stored (now, or by the earlier send with the same key).
+    pub id: Option<MessageId>,
+    /// Why it was not: the words the error of a send to it alone would
+    /// have (a block reads like a policy, so it is not revealed).
+    pub error: Option<String>,
+}
+
+/// One addressee as resolved for the store, with its name for the answer.
+struct Target {
+    name: AgentName,
+    addressee: Addressee,
+}
+
+impl Phone {
+    pub async fn send(
+        &self,
+        creds: &Credentials,
+        req: SendRequest,
+        call: &Call,
+    ) -> Result<Sent, PhoneError> {
+        let claimed = creds.claimed_name();
+        let (targets, thread_id) = self.targets(creds, &req).await?;
+        let group = targets.len() > 1;
+        let key = req.idempotency_key.as_ref().map(IdempotencyKey::as_str);
+        let reply_to = req.reply_to.map(|m| m.0);
+        // One statement verifies the caller, resolves each recipient and
+        // inserts a copy for each, together with the other sends in flight
+        // on this replica. A conflicting idempotency key inserts nothing
+        // (after waiting for a concurrent insert of the same key to commit).
+        let outcome = self
+            .store
+            .send(
+                QueuedSend {
+                    token: creds.token.0,
+                    claimed: claimed.map(str::to_owned),
+                    to: targets.iter().map(|t| t.addressee.clone()).collect(),
+                    subject: req.subject.clone(),
+                    body: req.body.clone(),
+                    reply_to,
+                    thread_id,
+                    idempotency_key: key.map(str::to_owned),
+                    expires_in: req.expires_in.map(f64::from),
+                },
+                call.gone.clone(),
+            )
+            .await
+            .map_err(|e| resend_hint(e.into(), key))?;
+        let Some(me_id) = outcome.me_id else {
+            return Err(self.authentication_error(creds).await);
+        };
+        // Copies not stored under a key may be an earlier send's: a replay.
+        let mut earlier = vec![None; targets.len()];
+        if let Some(key) = key {
+            let unstored: Vec<usize> = (0..targets.len())
+                .filter(|&i| {
+                    outcome.copies[i].stored.is_none() && outcome.copies[i].refusal.is_none()
+                })
+                .collect();
+            if !unstored.is_empty() {
+                let keys: Vec<String> = unstored
+                    .iter()
+                    .map(|&i| copy_key(key, targets[i].name.as_str(), targets.len()))
+                    .collect();
+                let db = self.store.db().await?;
+                let found = store::messages::by_idempotency_keys(&db, me_id, &keys).await?;
+                for (i, found) in unstored.into_iter().zip(found) {
+                    earlier[i] = found;
+                }
+            }
+        }
+        let mut first: Option<(MessageId, MessageId, DateTime<Utc>)> = None;
+        let mut all_replayed = true;
+        let mut errors = Vec::new();
+        let mut copies = Vec::with_capacity(targets.len());
+        for ((target, copy), earlier) in targets.iter().zip(&outcome.copies).zip(earlier) {
+            let result = match (&copy.stored, earlier) {
+                (Some(stored), _) => {
+                    all_replayed = false;
+                    Ok((stored.id, stored.thread_id, stored.sent_at))
+                }
+                (None, Some(e)) => {
+                    let same = e.recipient == target.name.as_str()
+                        && e.subject == req.subject
+                        && e.body == req.body
+                        && e.reply_to == reply_to;
+                    if same {
+                        Ok((e.id, e.thread_id, e.sent_at))
+                    } else {
+                        Err(PhoneError::IdempotencyConflict(
+                            key.unwrap_or_default().to_owned(),
+                        ))
+                    }
+                }
+                (None, None) => Err(refusal(copy.refusal.as_deref(), &target.name)),
+            };
+            match result {
+                Ok((id, thread, at)) => {
+                    first.get_or_insert((MessageId(id), MessageId(thread), at));
+                    copies.push(CopySent {
+                        to: target.name.clone(),
+                        id: Some(MessageId(id)),
+                        error: None,
+                    });
+                }
+                Err(e) => {
+                    copies.push(CopySent {
+                        to: target.name.clone(),
+                        id: None,
+                        error: Some(e.to_string()),
+                    });
+                    errors.push(e);
+                }
+            }
+        }
+        let Some((id, thread_id, sent_at)) = first else {
+            // Nothing stored: a send to one fails with its own error.
+            if !group && let Some(e) = errors.pop() {
+                return Err(e);
+            }
+            return Err(PhoneError::NothingSent(
+                copies
+                    .iter()
+                    .filter_map(|c| c.error.clone())
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            ));
+        };
+        Ok(Sent {
+            id,
+            to: targets
+                .iter()
+                .map(|t| t.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            thread_id,
+            sent_at,
+            replayed: all_replayed,
+            copies: if group { copies } else { Vec::new() },
+        })
+    }
+
+    /// Who the send goes to and, for a reply, the thread it joins. A reply
+    /// goes to parties of the original by id (a name released and
+    /// re-registered since cannot receive it).
+    async fn targets(
+        &self,
+        creds: &Credentials,
+        req: &SendRequest,
+    ) -> Result<(Vec<Target>, Option<i64>), PhoneError> {
+        let Some(original) = req.reply_to else {
+            let Recipients::Names(names) = &req.to else {
+                return Err(PhoneError::Internal);
+            };
+            let targets = names
+                .iter()
+                .map(|name| Target {
+                    name: name.clone(),
+                    addressee: Addressee {
+                        name: name.as_str().to_owned(),
+                        id: None,
+                        answers_recipient: false,
+                    },
+                })
+                .collect();
+            return Ok((targets, None));
+        };
+        let db = self.store.db().await?;
+        let target = store::messages::reply_target(
+            &db,
+            creds.token.as_bytes(),
+            creds.claimed_name(),
+            original.0,
+        )
+        .await?;
+        drop(db);
+        let Some(target) = target else {
+            return Err(self.authentication_error(creds).await);
+        };
+        let target = target.ok_or(PhoneError::UnknownMessage(original))?;
+        let me = target.me_id;
+        // The other party: the sender, or for one's own message its recipient.
+        let other = if target.sender_id == me {
+            target.recipient_id
+        } else {
+            target.sender_id
+        };
+        let mut parties: Vec<(i64, AgentName)> = Vec::new();
+        for (id, name) in &target.parties {
+            let name = AgentName::parse("to", name).map_err(|_| PhoneError::Internal)?;
+            // Oneself only when one wrote to oneself.
+            if *id != me || other == me {
+                parties.push((*id, name));
+            }
+        }
+        let chosen: Vec<(i64, AgentName)> = match &req.to {
+            Recipients::OtherParty => parties.into_iter().filter(|(id, _)| *id == other).collect(),
+            Recipients::Everyone => parties,
+            Recipients::Names(names) => {
+                let mut chosen = Vec::new();
+                for name in names {
+                    match parties.iter().find(|(_, n)| n == name) {
+                        Some(party) => chosen.push(party.clone()),
+                        None => {
+                            return Err(PhoneError::ReplyToOtherParty {
+                                reply_to: original,
+                                other: parties
+                                    .iter()
+                                    .map(|(_, n)| n.as_str())
+                                    .collect::<Vec<_>>()
+                                    .join("', '"),
+                            });
+                        }
+                    }
+                }
+                chosen
+            }
+        };
+        if chosen.is_empty() {
+            return Err(PhoneError::Internal);
+        }
+        let targets = chosen
+            .into_iter()
+            .map(|(id, name)| Target {
+                addressee: Addressee {
+                    name: name.as_str().to_owned(),
+                    id: Some(id),
+                    // Answering a message the recipient sent the caller
+                    // passes its policy (not a block).
+                    answers_recipient: id == target.sender_id && id != me,
+                },
+                name,
+            })
+            .collect();
+        Ok((targets, Some(target.thread_id)))
+    }
+}
+
+/// The error a send to `to` alone would have had for this refusal (`None`:
+/// no such agent).
+fn refusal(refusal: Option<&str>, to: &AgentName) -> PhoneError {
+    match refusal {
+        None => PhoneError::UnknownAgent(to.clone()),
+        Some("send_quota") => PhoneError::Quota {
+            what: "messages this hour",
+        },
+        Some("new_recipient_quota") => PhoneError::Quota {
+            what: "first messages to new recipients today",
+        },
+        Some("inbox_full") => PhoneError::InboxFull(to.clone()),
+        Some("inbox_share") => PhoneError::InboxShare(to.clone()),
+        // The same words for a block and for every policy, so that a
+        // block is not revealed.
+        Some(_) => PhoneError::Refused(to.clone()),
+    }
+}
+
+/// A send that fails on an unavailable database may have been stored all
+/// the same (the connection died after the commit, or during a failover
+/// before its answer): say how to retry without sending twice.
+fn resend_hint(err: PhoneError, key: Option<&str>) -> PhoneError {
+    match err {
+        PhoneError::Unavailable(reason) if reason != store::POOL_BUSY => {
+            PhoneError::Unavailable(match key {
+                Some(_) => format!(
+                    "{reason}; the message may have been stored before the failure: retry with the same \
+                     idempotency_key, which stores it once"
+                ),
+                None => format!(
+                    "{reason}; the message may have been stored before the failure: look at phone_outbox \
+                     before sending it again (with an idempotency_key a retry is always safe)"
+                ),
+            })
+        }
+        other => other,
+    }
+}

@@ -1,0 +1,470 @@
+//! Mail for teams: a send to several recipients (one message each, one
+//! thread, reply to all or to one), each recipient decided on its own, a
+//! group send idempotent across replicas and racing a block; mail that
+//! expires, racing polls and leases on two replicas.
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+
+fn ids(inbox: &Value) -> Vec<String> {
+    inbox["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Each recipient gets its own message (read on its own), all in one
+/// thread; a reply goes to its sender alone, or with `to: "*"` to everyone.
+#[tokio::test]
+async fn a_group_send_is_one_message_per_recipient_in_one_thread() {
+    let one = spawn_app().await;
+    let two = spawn_app_on(&one.database_url, &[]).await;
+    let (c1, c2) = (one.client().await, two.client().await);
+    let boss = register(&c1, "boss", "Coordinates", "team").await;
+    let mut w = Vec::new();
+    for n in ["w1", "w2", "w3"] {
+        w.push(register(&c1, n, "Works", "team").await);
+    }
+    let sent = ok(
+        &c1,
+        "phone_send",
+        boss.with(json!({"to": ["w1", "w2", "w3"], "subject": "plan", "body": "Split the work."})),
+    )
+    .await;
+    let copies = sent["recipients"].as_array().unwrap();
+    assert_eq!(copies.len(), 3, "{sent}");
+    let thread = sent["thread_id"].as_str().unwrap().to_owned();
+    // Every copy read through the other replica, each once, same thread.
+    let mut seen = Vec::new();
+    for (worker, copy) in w.iter().zip(copies) {
+        assert_eq!(copy["to"], worker.name.as_str());
+        let inbox = ok(&c2, "phone_inbox", worker.with(json!({}))).await;
+        assert_eq!(ids(&inbox), vec![copy["id"].as_str().unwrap().to_owned()]);
+        assert_eq!(inbox["messages"][0]["thread_id"], thread.as_str());
+        assert_eq!(inbox["messages"][0]["body"], "Split the work.");
+        seen.push(copy["id"].as_str().unwrap().to_owned());
+        // Its own read state: only this one's copy is read so far.
+        let outbox = ok(&c1, "phone_outbox", boss.with(json!({}))).await;
+        let read = outbox["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["state"] == "read")
+            .count();
+        assert_eq!(read, seen.len(), "{outbox}");
+    }
+    seen.dedup();
+    assert_eq!(seen.len(), 3);
+
+    // w2 answers everyone: boss, w1 and w3 (not itself), in the thread.
+    let all = ok(
+        &c2,
+        "phone_send",
+        w[1].with(json!({"reply_to": copies[1]["id"], "to": "*", "body": "I take part 2."})),
+    )
+    .await;
+    let to: Vec<&str> = all["recipients"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["to"].as_str().unwrap())
+        .collect();
+    assert_eq!(to.len(), 3, "{all}");
+    for name in ["boss", "w1", "w3"] {
+        assert!(to.contains(&name), "{name} in {all}");
+    }
+    assert_eq!(all["thread_id"], thread.as_str());
+    for agent in [&boss, &w[0], &w[2]] {
+        let inbox = ok(&c1, "phone_inbox", agent.with(json!({}))).await;
+        assert_eq!(
+            inbox["messages"][0]["body"], "I take part 2.",
+            "{}",
+            agent.name
+        );
+        assert_eq!(inbox["messages"][0]["thread_id"], thread.as_str());
+    }
+    assert_eq!(
+        ok(&c1, "phone_inbox", w[1].with(json!({"peek": true}))).await["messages"],
+        json!([])
+    );
+    // w3 answers its sender alone; naming someone outside the message fails.
+    let one_reply = ok(
+        &c1,
+        "phone_send",
+        w[2].with(json!({"reply_to": copies[2]["id"], "body": "Done."})),
+    )
+    .await;
+    assert_eq!(one_reply["to"], "boss");
+    assert!(one_reply.get("recipients").is_none(), "{one_reply}");
+    let outsider = register(&c1, "outsider", "Not in it", "else").await;
+    let err = tool_err(
+        &c1,
+        "phone_send",
+        w[2].with(json!({"reply_to": copies[2]["id"], "to": ["w1", "outsider"], "body": "x"})),
+    )
+    .await;
+    assert!(err.contains("is a conversation with"), "{err}");
+    // The outsider cannot reply to all of a message it never had.
+    let err = tool_err(
+        &c1,
+        "phone_send",
+        outsider.with(json!({"reply_to": copies[0]["id"], "to": "*", "body": "x"})),
+    )
+    .await;
+    assert!(err.contains("not found"), "{err}");
+    one.stop().await;
+    two.stop().await;
+}
+
+/// A block and a policy read the same in a group send's result; an unknown
+/// name is named; what was refused is not stored; all refused is an error.
+#[tokio::test]
+async fn each_recipient_of_a_group_send_is_decided_on_its_own() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let boss = register(&c, "boss", "B", "team").await;
+    let _open = register(&c, "open", "O", "else").await;
+    let blocker = register(&c, "blocker", "B", "else").await;
+    let closed = register(&c, "closed", "C", "else").await;
+    ok(
+        &c,
+        "phone_settings",
+        blocker.with(json!({"block": ["boss"]})),
+    )
+    .await;
+    ok(
+        &c,
+        "phone_settings",
+        closed.with(json!({"contact_policy": "closed"})),
+    )
+    .await;
+    let result = call(
+        &c,
+        "phone_send",
+        boss.with(json!({"to": ["open", "blocker", "closed", "nobody"], "body": "hello all"})),
+    )
+    .await;
+    assert_ne!(result.is_error, Some(true), "{}", text(&result));
+    let out = result.structured_content.clone().unwrap();
+    let r = out["recipients"].as_array().unwrap();
+    assert!(
+        r[0]["id"].is_string() && r[0].get("error").is_none(),
+        "{out}"
+    );
+    let blocked = r[1]["error"].as_str().unwrap();
+    let policy = r[2]["error"].as_str().unwrap();
+    assert_eq!(
+        blocked.replace("blocker", "X"),
+        policy.replace("closed", "X"),
+        "a block reads like a policy"
+    );
+    assert!(
+        r[3]["error"]
+            .as_str()
+            .unwrap()
+            .contains("no agent named 'nobody'")
+    );
+    assert!(r[1].get("id").is_none() && r[2].get("id").is_none());
+    assert!(
+        text(&result).contains("blocker: not sent"),
+        "{}",
+        text(&result)
+    );
+    assert_eq!(app.count("SELECT count(*) FROM messages").await, 1);
+    // Nothing stored at all: an error that names each reason.
+    let err = tool_err(
+        &c,
+        "phone_send",
+        boss.with(json!({"to": ["blocker", "closed"], "body": "again"})),
+    )
+    .await;
+    assert!(err.starts_with("nothing was sent: 'blocker'"), "{err}");
+    assert_eq!(app.count("SELECT count(*) FROM messages").await, 1);
+    // Bad lists are refused with what to do.
+    for (to, says) in [
+        (json!(["open", "OPEN"]), "twice"),
+        (json!(["open", "*"]), "stands alone"),
+        (json!("*"), "needs reply_to"),
+        (json!([]), "is required"),
+        (
+            json!((0..21).map(|i| format!("a{i}")).collect::<Vec<_>>()),
+            "at most 20",
+        ),
+        (json!(["open", 5]), "list of strings"),
+    ] {
+        let err = tool_err(&c, "phone_send", boss.with(json!({"to": to, "body": "x"}))).await;
+        assert!(err.contains(says), "{to}: {err}");
+    }
+    app.stop().await;
+}
+
+/// The same group send (same idempotency_key) from two replicas at once,
+/// several times: one message per recipient in all, every answer naming
+/// the same messages.
+#[tokio::test]
+async fn a_retried_group_send_stores_nothing_twice_across_replicas() {
+    let one = spawn_app().await;
+    let two = spawn_app_on(&one.database_url, &[]).await;
+    let (c1, c2) = (one.client().await, two.client().await);
+    let boss = register(&c1, "boss", "B", "team").await;
+    for n in ["a", "b", "c"] {
+        register(&c1, n, "W", "team").await;
+    }
+    let args = boss.with(json!({"to": ["a", "b", "c"], "body": "once", "idempotency_key": "k1"}));
+    let calls = (0..8).map(|i| {
+        let (c, args) = (if i % 2 == 0 { &c1 } else { &c2 }, args.clone());
+        async move { ok(c, "phone_send", args).await }
+    });
+    let answers = futures_util::future::join_all(calls).await;
+    assert_eq!(one.count("SELECT count(*) FROM messages").await, 3);
+    let first: Vec<Value> = answers[0]["recipients"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].clone())
+        .collect();
+    assert!(first.iter().all(Value::is_string), "{}", answers[0]);
+    for a in &answers {
+        let these: Vec<Value> = a["recipients"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["id"].clone())
+            .collect();
+        assert_eq!(these, first, "{a}");
+    }
+    assert_eq!(
+        answers.iter().filter(|a| a["replayed"] == false).count(),
+        1,
+        "exactly one call stored them"
+    );
+    // The same key with another body is a conflict, for every copy.
+    let err = tool_err(
+        &c2,
+        "phone_send",
+        boss.with(json!({"to": ["a", "b", "c"], "body": "changed", "idempotency_key": "k1"})),
+    )
+    .await;
+    assert!(
+        err.contains("already used for a different message"),
+        "{err}"
+    );
+    assert_eq!(one.count("SELECT count(*) FROM messages").await, 3);
+    one.stop().await;
+    two.stop().await;
+}
+
+/// A group send racing its recipient's block on another replica: whatever
+/// the order, the blocked recipient never finds the message in its inbox,
+/// and the sender's answer never reveals the block (a stored copy, or the
+/// words of a policy refusal).
+#[tokio::test]
+async fn a_group_send_racing_a_block_never_delivers_past_it() {
+    let one = spawn_app().await;
+    let two = spawn_app_on(&one.database_url, &[]).await;
+    let (c1, c2) = (one.client().await, two.client().await);
+    let boss = register(&c1, "boss", "B", "team").await;
+    let _fine = register(&c1, "fine", "F", "team").await;
+    let (mut stored, mut refused) = (0, 0);
+    for round in 0..6 {
+        let victim = register(&c1, &format!("victim{round}"), "V", "team").await;
+        let send = ok(
+            &c1,
+            "phone_send",
+            boss.with(json!({"to": ["fine", victim.name], "body": format!("round {round}")})),
+        );
+        let block = ok(
+            &c2,
+            "phone_settings",
+            victim.with(json!({"block": ["boss"]})),
+        );
+        let (sent, _) = tokio::join!(send, block);
+        let copy = &sent["recipients"][1];
+        match (copy.get("id"), copy.get("error")) {
+            (Some(_), None) => stored += 1,
+            (None, Some(e)) => {
+                assert!(
+                    e.as_str()
+                        .unwrap()
+                        .contains("does not accept new conversations from you"),
+                    "{sent}"
+                );
+                refused += 1;
+            }
+            _ => panic!("{sent}"),
+        }
+        assert!(sent["recipients"][0]["id"].is_string(), "{sent}");
+        let inbox = ok(&c2, "phone_inbox", victim.with(json!({"peek": true}))).await;
+        assert_eq!(inbox["messages"], json!([]), "round {round}: {sent}");
+    }
+    println!("stored then withdrawn: {stored}, refused: {refused}");
+    assert_eq!(stored + refused, 6);
+    one.stop().await;
+    two.stop().await;
+}
+
+/// A message past its lifetime: no poll, peek or lease returns it; its
+/// sender sees `expired`, its recipient's history shows it with its end;
+/// the row stays.
+#[tokio::test]
+async fn expired_mail_is_not_delivered_and_shows_expired() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let a = register(&c, "alice", "A", "p").await;
+    let b = register(&c, "bob", "B", "p").await;
+    let short = ok(
+        &c,
+        "phone_send",
+        a.with(json!({"to": "bob", "body": "urgent", "expires_in": 1})),
+    )
+    .await;
+    ok(
+        &c,
+        "phone_send",
+        a.with(json!({"to": "bob", "body": "lasting"})),
+    )
+    .await;
+    let group = ok(
+        &c,
+        "phone_send",
+        a.with(json!({"to": ["bob", "alice"], "body": "group", "expires_in": 3600})),
+    )
+    .await;
+    // Before its end it is delivered like any other (peek shows it).
+    let peek = ok(&c, "phone_inbox", b.with(json!({"peek": true}))).await;
+    assert_eq!(peek["messages"].as_array().unwrap().len(), 3, "{peek}");
+    assert!(peek["messages"][0]["expires_at"].is_string());
+    // The group's lifetime applies to each copy; then time passes.
+    assert_eq!(
+        app.count("SELECT count(*) FROM messages WHERE expires_at > now() + interval '50 minutes'")
+            .await,
+        2,
+        "{group}"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    app.db()
+        .await
+        .execute(
+            "UPDATE messages SET expires_at = now() - interval '1 second' WHERE body = 'group'",
+            &[],
+        )
+        .await
+        .unwrap();
+    for args in [json!({"peek": true}), json!({"mode": "lease"}), json!({})] {
+        let inbox = ok(&c, "phone_inbox", b.with(args.clone())).await;
+        let bodies: Vec<&str> = inbox["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["body"].as_str().unwrap())
+            .collect();
+        assert!(
+            !bodies.contains(&"urgent") && !bodies.contains(&"group"),
+            "{args}: {inbox}"
+        );
+    }
+    assert_eq!(
+        ok(&c, "phone_inbox", a.with(json!({}))).await["messages"],
+        json!([]),
+        "alice's own copy expired too"
+    );
+    let outbox = ok(&c, "phone_outbox", a.with(json!({}))).await;
+    let state = |id: &Value| {
+        outbox["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| &m["id"] == id)
+            .map(|m| m["state"].clone())
+            .unwrap()
+    };
+    assert_eq!(state(&short["id"]), "expired", "{outbox}");
+    let history = ok(&c, "phone_inbox", b.with(json!({"include_read": true}))).await;
+    let text_history = text(&call(&c, "phone_inbox", b.with(json!({"include_read": true}))).await);
+    assert!(text_history.contains("expires"), "{text_history}");
+    assert_eq!(history["messages"].as_array().unwrap().len(), 3);
+    assert_eq!(
+        app.count("SELECT count(*) FROM messages").await,
+        4,
+        "expired rows stay"
+    );
+    let err = tool_err(
+        &c,
+        "phone_send",
+        a.with(json!({"to": "bob", "body": "x", "expires_in": 0})),
+    )
+    .await;
+    assert!(err.contains("expires_in"), "{err}");
+    app.stop().await;
+}
+
+/// Messages that expire while read and lease polls on two replicas take
+/// them: none is handed out at or after its end, a lease that ends after
+/// it does not bring it back, and each ends either delivered or expired.
+#[tokio::test]
+async fn an_expiry_racing_polls_and_leases_never_delivers_late() {
+    let one = spawn_app().await;
+    let two = spawn_app_on(&one.database_url, &[]).await;
+    let (c1, c2) = (one.client().await, two.client().await);
+    let a = register(&c1, "alice", "A", "p").await;
+    let b = register(&c1, "bob", "B", "p").await;
+    for i in 0..30 {
+        ok(
+            &c1,
+            "phone_send",
+            a.with(json!({"to": "bob", "body": format!("m{i}"), "expires_in": 1})),
+        )
+        .await;
+    }
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(2500);
+    let read_args = b.with(json!({"limit": 1}));
+    let lease_args = b.with(json!({"mode": "lease", "lease_seconds": 1, "limit": 2}));
+    let (r1, l2) = tokio::join!(
+        poll_until(&c1, &read_args, until),
+        poll_until(&c2, &lease_args, until)
+    );
+    let at = |s: &Value| chrono::DateTime::parse_from_rfc3339(s.as_str().unwrap()).unwrap();
+    assert!(!r1.is_empty(), "some were read in time");
+    assert_eq!(
+        one.count("SELECT count(*) FROM messages WHERE read_at >= expires_at")
+            .await,
+        0,
+        "read at or after its end"
+    );
+    for m in &l2 {
+        // Handed out one second before the lease's end.
+        let handed = at(&m["lease_expires_at"]) - chrono::Duration::seconds(1);
+        assert!(handed <= at(&m["expires_at"]), "leased late: {m}");
+    }
+    let leased: std::collections::HashSet<&str> =
+        l2.iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(
+        leased.len(),
+        l2.len(),
+        "a lease that ended after expiry brought it back"
+    );
+    let outbox = ok(&c1, "phone_outbox", a.with(json!({"limit": 30}))).await;
+    for m in outbox["messages"].as_array().unwrap() {
+        let read = r1.iter().any(|r| r["id"] == m["id"]);
+        let expected = if read { "read" } else { "expired" };
+        assert_eq!(m["state"], expected, "{m}");
+    }
+    println!("read {}, leased {}", r1.len(), l2.len());
+    one.stop().await;
+    two.stop().await;
+}
+
+/// Every message `args` polls return until `until`.
+async fn poll_until(c: &Client, args: &Value, until: std::time::Instant) -> Vec<Value> {
+    let mut got = Vec::new();
+    while std::time::Instant::now() < until {
+        let inbox = ok(c, "phone_inbox", args.clone()).await;
+        got.extend(inbox["messages"].as_array().unwrap().iter().cloned());
+        tokio::time::sleep(std::time::Duration::from_millis(40)).await;
+    }
+    got
+}
