@@ -15,6 +15,7 @@ use crate::phase::{
     hot::{self, HotBase, HotRow},
     mix::{self, MixRow, NoDbRow},
     policy::{self, PolicyReport},
+    quotas::{self, QuotaReport},
     rate::{self, RateRow},
     search::{self, SearchRow},
     wake::{self, WakeReport},
@@ -45,6 +46,7 @@ pub(crate) struct Report {
     pub(crate) hot_rate: Option<RateRow>,
     pub(crate) webhooks: Option<HookReport>,
     pub(crate) policy: Option<PolicyReport>,
+    pub(crate) quotas: Option<QuotaReport>,
     pub(crate) mem: Vec<MemRow>,
     pub(crate) skipped: Vec<String>,
 }
@@ -85,6 +87,9 @@ pub(crate) fn render(
     if let Some(x) = &r.policy {
         let _ = writeln!(w, "{}", policy::target_row(x));
     }
+    if let Some(x) = &r.quotas {
+        quotas::target_row(w, x);
+    }
     memory::target_rows(w, r);
 
     // Then the sections, each when its phase ran.
@@ -114,6 +119,9 @@ pub(crate) fn render(
     }
     if let Some(x) = &r.policy {
         policy::section(w, x, opts, mode);
+    }
+    if let Some(x) = &r.quotas {
+        quotas::section(w, x, mode);
     }
     s
 }
