@@ -116,7 +116,9 @@ pub(super) static NOTIFY_SQL: std::sync::LazyLock<String> = std::sync::LazyLock:
 /// it does), `$21` unread messages one sender may hold in one inbox.
 ///
 /// `resolved` has the sender and recipient of each; `judged` what the
-/// recipient's contact policy says (a block wins over everything; an answer
+/// recipient's contact policy says (`contacts` is probed only for a
+/// recipient whose `uses_contacts` flag says it ever marked anyone: no
+/// row can exist otherwise) (a block wins over everything; an answer
 /// to the recipient's own message passes any other policy); `counted` and
 /// `verdict` the quotas, for the sends the policy let through (several
 /// sends of one sender in the batch count in order); `inserted` what was
@@ -144,7 +146,8 @@ pub(super) fn sends() -> String {
     resolved AS (
         SELECT r.ord, r.answers_recipient, me.id AS sender_id, me.project AS sender_project,
                me.last_seen_at, recipient.id AS recipient_id, recipient.project AS recipient_project,
-               recipient.contact_policy, recipient.suspended, recipient.hooked
+               recipient.contact_policy, recipient.suspended, recipient.hooked,
+               recipient.uses_contacts
         FROM sreq r
         LEFT JOIN LATERAL (
             SELECT id, project, last_seen_at FROM agents
@@ -152,12 +155,14 @@ pub(super) fn sends() -> String {
             OFFSET 0) me ON true
         LEFT JOIN LATERAL (
             SELECT a.id, a.project, a.contact_policy, a.suspended_at IS NOT NULL AS suspended,
-                   a.webhook_url IS NOT NULL AND a.webhook_disabled_at IS NULL AS hooked
+                   a.webhook_url IS NOT NULL AND a.webhook_disabled_at IS NULL AS hooked,
+                   a.uses_contacts
             FROM agents a
             WHERE r.to_id IS NULL AND a.name = r.to_name AND a.unregistered_at IS NULL
             UNION ALL
             SELECT a.id, a.project, a.contact_policy, a.suspended_at IS NOT NULL,
-                   a.webhook_url IS NOT NULL AND a.webhook_disabled_at IS NULL
+                   a.webhook_url IS NOT NULL AND a.webhook_disabled_at IS NULL,
+                   a.uses_contacts
             FROM agents a WHERE a.id = r.to_id AND a.unregistered_at IS NULL
         ) recipient ON me.id IS NOT NULL),
     judged AS (
@@ -175,17 +180,17 @@ pub(super) fn sends() -> String {
         LEFT JOIN LATERAL (
             SELECT is_contact, is_blocked FROM contacts
             WHERE agent_id = rs.recipient_id AND other_id = rs.sender_id
-            OFFSET 0) c ON rs.recipient_id IS NOT NULL),
+            OFFSET 0) c ON rs.recipient_id IS NOT NULL AND rs.uses_contacts),
     counted AS MATERIALIZED (
         SELECT j.ord, j.sender_id, j.recipient_id, j.known,
                row_number() OVER (PARTITION BY j.sender_id ORDER BY j.ord) AS nth,
                row_number() OVER (PARTITION BY j.sender_id, j.recipient_id ORDER BY j.ord) AS nth_pair,
-               j.first_contact,
-               sum(j.first_contact::int) OVER (PARTITION BY j.sender_id ORDER BY j.ord) AS nth_new
+               j.new_pair, $19 > 0 AND j.new_pair AS first_contact,
+               sum(($19 > 0 AND j.new_pair)::int) OVER (PARTITION BY j.sender_id ORDER BY j.ord) AS nth_new
         FROM (SELECT j.*,
-                     ($19 > 0 AND NOT EXISTS (
+                     (($19 > 0 OR $20 > 0) AND NOT EXISTS (
                          SELECT 1 FROM correspondents x
-                         WHERE x.sender_id = j.sender_id AND x.recipient_id = j.recipient_id)) AS first_contact
+                         WHERE x.sender_id = j.sender_id AND x.recipient_id = j.recipient_id)) AS new_pair
               FROM judged j
               WHERE j.recipient_id IS NOT NULL AND j.refusal IS NULL
                 AND ($18 > 0 OR $19 > 0 OR $20 > 0 OR $21 > 0)) j),
@@ -195,13 +200,18 @@ pub(super) fn sends() -> String {
                    SELECT sc.sends FROM send_counts sc
                    WHERE sc.sender_id = s.sender_id AND sc.hour_start > now() - interval '1 hour'), 0)
                ELSE 0 END AS sent_this_hour,
-               CASE WHEN $19 > 0 THEN (
+               -- Counted only for a sender writing to someone new in
+               -- this batch, the one case the quota looks at it: a walk
+               -- of up to $19 entries otherwise paid by every send of an
+               -- agent that met many others today.
+               CASE WHEN $19 > 0 AND s.any_new THEN (
                    SELECT count(*) FROM (
                        SELECT 1 FROM correspondents x
                        WHERE x.sender_id = s.sender_id AND x.first_at > now() - interval '1 day'
                        LIMIT $19) y)
                ELSE 0 END AS new_today
-        FROM (SELECT DISTINCT sender_id FROM counted) s),
+        FROM (SELECT sender_id, bool_or(first_contact) AS any_new
+              FROM counted GROUP BY sender_id) s),
     verdict AS (
         SELECT c.ord,
                CASE WHEN $18 > 0 AND b.sent_this_hour + c.nth > $18 THEN 'send_quota'
@@ -270,9 +280,14 @@ pub(super) fn sends() -> String {
                          ELSE sc.sends + excluded.sends END,
             hour_start = CASE WHEN sc.hour_start <= now() - interval '1 hour' THEN now()
                               ELSE sc.hour_start END),
+    -- Only pairs `counted` found new: a known pair (most sends) costs no
+    -- second probe of the primary key here.
     met AS (
         INSERT INTO correspondents (sender_id, recipient_id)
-        SELECT DISTINCT sender_id, recipient_id FROM inserted WHERE $19 > 0 OR $20 > 0
+        SELECT DISTINCT i.sender_id, i.recipient_id FROM inserted i
+        WHERE EXISTS (SELECT 1 FROM counted c
+                      WHERE c.sender_id = i.sender_id AND c.recipient_id = i.recipient_id
+                        AND c.new_pair)
         ON CONFLICT DO NOTHING),
     refusals AS (
         INSERT INTO refused_sends AS x (sender_id, recipient_id, reason, hits, hour)
