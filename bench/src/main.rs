@@ -104,6 +104,9 @@ async fn run(opts: Opts) -> Result<(), String> {
     if wants("quotas") {
         mode.budget += mode.quota_allowance;
     }
+    if opts.only.as_ref().is_some_and(|s| s.contains("before")) {
+        mode.budget += mode.quota_allowance * 2;
+    }
     let hz = stats::clock_ticks_per_sec();
     let started_at = chrono::Utc::now();
     let loadavg_start = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
@@ -167,6 +170,11 @@ async fn run(opts: Opts) -> Result<(), String> {
 
     if wants("quotas") {
         quotas::run(&opts, &mode, &admin, &mut report, t0).await?;
+    }
+
+    // Only when asked for by name (it needs PHONE_BENCH_BEFORE).
+    if opts.only.as_ref().is_some_and(|s| s.contains("before")) {
+        quotas::run_before(&opts, &mode, &admin, &mut report, t0).await?;
     }
 
     // 10k and 100k agents always; 1M (full mode only) after the growth

@@ -47,6 +47,7 @@ pub(crate) struct Report {
     pub(crate) webhooks: Option<HookReport>,
     pub(crate) policy: Option<PolicyReport>,
     pub(crate) quotas: Option<QuotaReport>,
+    pub(crate) before: Option<QuotaReport>,
     pub(crate) mem: Vec<MemRow>,
     pub(crate) skipped: Vec<String>,
 }
@@ -90,6 +91,9 @@ pub(crate) fn render(
     if let Some(x) = &r.quotas {
         quotas::target_row(w, x);
     }
+    if let Some(x) = &r.before {
+        quotas::target_row(w, x);
+    }
     memory::target_rows(w, r);
 
     // Then the sections, each when its phase ran.
@@ -121,6 +125,9 @@ pub(crate) fn render(
         policy::section(w, x, opts, mode);
     }
     if let Some(x) = &r.quotas {
+        quotas::section(w, x, mode);
+    }
+    if let Some(x) = &r.before {
         quotas::section(w, x, mode);
     }
     s
