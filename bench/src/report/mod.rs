@@ -130,5 +130,14 @@ pub(crate) fn render(
     if let Some(x) = &r.before {
         quotas::section(w, x, mode);
     }
+    // The profile (bench/profile.sh) is read and written up by hand: its
+    // write-up is carried into every report, marked as such.
+    if let Ok(profile) = std::fs::read_to_string("bench/PROFILE.md") {
+        let _ = writeln!(
+            w,
+            "\n<!-- from bench/PROFILE.md (written by hand from bench/profile.sh; not measured by this run) -->\n"
+        );
+        let _ = write!(w, "{profile}");
+    }
     s
 }
