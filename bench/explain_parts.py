@@ -50,7 +50,7 @@ def main(path):
     if not plans:
         print("no plan of the batch statement in", path)
         return
-    total_ms = total_buf = calls = 0.0
+    total_ms = total_buf = calls = top_ms = 0.0
     by_part = defaultdict(lambda: [0.0, 0.0])
     order = []
     for e in plans:
@@ -60,6 +60,9 @@ def main(path):
         polls = re.search(r"CTE me\n\s*->.*?rows=(\d+) loops", e)
         n = (int(sends.group(1)) if sends else 0) + (int(polls.group(1)) if polls else 0)
         total_ms += duration
+        # The plan's top node: the first line with a cost after the query text.
+        first = re.search(r"\n\s*(?:->\s*)?\w[^\n]*\(cost=[^\n]*actual time=[\d.]+\.\.([\d.]+)", e)
+        top_ms += float(first.group(1)) if first else duration
         total_buf += int(top.group(1)) + int(top.group(2) or 0) if top else 0
         calls += n
         for name, ms, buf in parts(e):
@@ -71,6 +74,9 @@ def main(path):
     print(f"{k} plans of the batch statement, {calls / k:.1f} calls each on average")
     print(f"statement: {total_ms / k * 1000:.0f} µs and {total_buf / k:.0f} buffers per execution;"
           f" {total_ms / calls * 1000:.0f} µs and {total_buf / calls:.1f} buffers per call")
+    print(f"of which in the plan's nodes: {top_ms / k * 1000:.0f} µs per execution; the rest,"
+          f" {(total_ms - top_ms) / k * 1000:.0f} µs, is executor start-up and shut-down"
+          f" (initialising and freeing the plan's nodes)")
     print()
     print("| part (CTE) | µs per statement | µs per call | buffers per call |")
     print("|---|---|---|---|")
