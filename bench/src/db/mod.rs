@@ -96,7 +96,7 @@ const PRIOR_MESSAGES: i64 = 20_000;
 
 /// `VACUUM (ANALYZE)` of the mail tables before a measured run, in a
 /// database that holds a history of read mail, as one in use does, with
-/// the hourly send counters reset. Of an
+/// the quotas' hour and day started afresh. Of an
 /// empty `messages` table, ANALYZE records zero rows, and every generic
 /// plan made until the next ANALYZE prices its indexes as empty: the first
 /// run of a fresh database then polled through `messages_inbox_cover_idx`
@@ -114,11 +114,22 @@ pub async fn settle(db: &Client) -> Result<(), String> {
         let base = scalar_i64(db, "SELECT min(id) FROM agents WHERE project = 'prior'").await?;
         seed::seed_history(db, base, PRIOR_AGENTS, PRIOR_AGENTS, 1, PRIOR_MESSAGES).await?;
     }
-    // Each run starts a new hour of the send quota (on by default: 1,000
-    // sends an hour per sender): the bench's agents send that many in a few
-    // runs, and the refusals would then stand in for the sends measured.
-    // The `quotas` phase measures what the quota costs.
-    each(db, &["DELETE FROM send_counts", crate::mode::SETTLE]).await
+    // Each run starts a new hour and a new day of the quotas (on by
+    // default: 1,000 sends an hour, 100 new recipients a day per sender):
+    // the bench's agents send that many within a few runs (the webhook and
+    // policy phases' senders each write to hundreds of agents), and the
+    // refusals would then stand in for the sends measured. Pairs that met
+    // stay known. The `quotas` phase measures what the quotas cost.
+    each(
+        db,
+        &[
+            "DELETE FROM send_counts",
+            "UPDATE correspondents SET first_at = first_at - interval '1 day'
+             WHERE first_at > now() - interval '1 day'",
+            crate::mode::SETTLE,
+        ],
+    )
+    .await
 }
 
 /// Statements that refuse transaction blocks (VACUUM), one by one.
