@@ -56,9 +56,10 @@ trap 'scripts/pg.sh stop "$dir"' EXIT
 ulimit -Sn "$(ulimit -Hn)" 2>/dev/null || ulimit -Sn 4096 2>/dev/null || true
 
 # Bounded: phone-bench keeps to its own time budget (570 s full, 115 s quick,
-# plus what the hot, webhooks and policy phases bring); this is the backstop.
+# plus what the hot, webhooks, policy, quotas and before phases bring); this
+# is the backstop (300 s cut a quick run with all of them short).
 limit=1000
-for a in "$@"; do [ "$a" = --quick ] && limit=300; done
+for a in "$@"; do [ "$a" = --quick ] && limit=600; done
 # --foreground keeps Ctrl-C working; phone-bench stops its replicas on TERM.
 timeout --foreground --signal=TERM --kill-after=20 "$limit" \
     ./target/release/phone-bench run --pg-port "$port" --pg-dir "$dir" --command "$command" "$@"

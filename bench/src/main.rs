@@ -8,7 +8,7 @@
 //!   phone-bench run [--quick] [--pg-port 25432] [--pg-dir data/bench-pg]
 //!                   [--out bench/RESULTS.md] [--command "make bench"]
 //!                   [--pool-size 16] [--base-port 3101]
-//!                   [--only mix,rate,hot,wake,webhooks,policy,search,growth,teams,fsync]
+//!                   [--only mix,rate,hot,wake,webhooks,policy,quotas,search,growth,teams,fsync]
 //!
 //! The code: this file parses the options (`cli`), runs the chosen phases in
 //! their order and writes the report (`report`). Each phase is a module of
@@ -42,7 +42,7 @@ use std::{process::ExitCode, time::Instant};
 
 use cli::{Opts, pg_url};
 use mode::Mode;
-use phase::{fsync, growth, hot, mix, policy, search, wake, webhooks};
+use phase::{fsync, growth, hot, mix, policy, quotas, search, wake, webhooks};
 use report::Report;
 
 fn main() -> ExitCode {
@@ -100,6 +100,12 @@ async fn run(opts: Opts) -> Result<(), String> {
     }
     if wants("policy") {
         mode.budget += mode.policy_allowance;
+    }
+    if wants("quotas") {
+        mode.budget += mode.quota_allowance;
+    }
+    if opts.only.as_ref().is_some_and(|s| s.contains("before")) {
+        mode.budget += mode.quota_allowance * 2;
     }
     let hz = stats::clock_ticks_per_sec();
     let started_at = chrono::Utc::now();
@@ -160,6 +166,15 @@ async fn run(opts: Opts) -> Result<(), String> {
 
     if wants("policy") {
         policy::run(&opts, &mode, &admin, &mut report, t0, postmaster, hz).await?;
+    }
+
+    if wants("quotas") {
+        quotas::run(&opts, &mode, &admin, &mut report, t0).await?;
+    }
+
+    // Only when asked for by name (it needs PHONE_BENCH_BEFORE).
+    if opts.only.as_ref().is_some_and(|s| s.contains("before")) {
+        quotas::run_before(&opts, &mode, &admin, &mut report, t0).await?;
     }
 
     // 10k and 100k agents always; 1M (full mode only) after the growth

@@ -35,6 +35,8 @@ pub(crate) struct Mode {
     pub(crate) hook_drain: Duration,
     pub(crate) hook_allowance: Duration,
     pub(crate) policy_allowance: Duration,
+    /// Quotas on against off: two replicas, `ab_rounds` rounds of two mix runs.
+    pub(crate) quota_allowance: Duration,
     pub(crate) budget: Duration,
 }
 
@@ -65,6 +67,7 @@ impl Mode {
                 hook_drain: Duration::from_secs(8),
                 hook_allowance: Duration::from_secs(18),
                 policy_allowance: Duration::from_secs(16),
+                quota_allowance: Duration::from_secs(30),
                 budget: Duration::from_secs(115),
             }
         } else {
@@ -92,6 +95,7 @@ impl Mode {
                 hook_drain: Duration::from_secs(20),
                 hook_allowance: Duration::from_secs(50),
                 policy_allowance: Duration::from_secs(50),
+                quota_allowance: Duration::from_secs(60),
                 budget: Duration::from_secs(570),
             }
         }

@@ -39,11 +39,28 @@ pub(crate) async fn start_replicas_env(
     role: &str,
     env: &[(&str, &str)],
 ) -> Result<Vec<Replica>, String> {
-    let bin = std::env::current_exe()
-        .map_err(|e| e.to_string())?
-        .parent()
-        .ok_or("no exe dir")?
-        .join("phone");
+    start_replicas_bin(opts, database, n, first_port, role, env, None).await
+}
+
+/// `start_replicas_env` of another build of the server (`bin`; the one
+/// beside phone-bench when `None`).
+pub(crate) async fn start_replicas_bin(
+    opts: &Opts,
+    database: &str,
+    n: usize,
+    first_port: u16,
+    role: &str,
+    env: &[(&str, &str)],
+    bin: Option<&Path>,
+) -> Result<Vec<Replica>, String> {
+    let bin = match bin {
+        Some(bin) => bin.to_path_buf(),
+        None => std::env::current_exe()
+            .map_err(|e| e.to_string())?
+            .parent()
+            .ok_or("no exe dir")?
+            .join("phone"),
+    };
     if !bin.exists() {
         return Err(format!(
             "{} not found: build it with cargo build --release",

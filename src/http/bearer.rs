@@ -53,7 +53,7 @@ fn presented(req: &Request) -> Presented {
     }
 }
 
-pub(super) async fn check(phone: Phone, req: Request, next: Next) -> Response {
+pub(super) async fn check(phone: std::sync::Arc<Phone>, req: Request, next: Next) -> Response {
     if req.extensions().get::<Handshake>().is_none() {
         return next.run(req).await;
     }

@@ -68,11 +68,11 @@ pub fn router(settings: &Settings, phone: Phone) -> Router {
         // No browser origin is trusted unless configured: DNS rebinding.
         .enforce_origin_validation()
         .with_max_request_body_bytes(settings.max_body_bytes);
-    let mcp = StreamableHttpService::new(
+    let mcp = SharedMcp(std::sync::Arc::new(StreamableHttpService::new(
         move || Ok(server.clone()),
         NeverSessionManager::default().into(),
         mcp_config,
-    );
+    )));
 
     let max_body = settings.max_body_bytes;
     let address_from = settings.client_address_from.clone();
@@ -85,7 +85,9 @@ pub fn router(settings: &Settings, phone: Phone) -> Router {
             allowed_origins: settings.allowed_origins.clone(),
         },
     );
-    let door = phone.clone();
+    // Shared, not cloned per request: a `Phone` clone is a handful of
+    // reference counts and a cancellation token's handle count (a lock).
+    let door = std::sync::Arc::new(phone.clone());
     let mcp = Router::new()
         .nest_service("/mcp", mcp)
         // Inside the envelope check, which tells it the call's method.
@@ -152,6 +154,39 @@ pub fn router(settings: &Settings, phone: Phone) -> Router {
         // Outermost: the request's span (joining the caller's W3C trace
         // context), its trace id for the log, and the request metrics.
         .layer(middleware::from_fn(crate::telemetry::trace_request))
+}
+
+/// rmcp's service, shared: axum clones a nested service for every request
+/// and rmcp's own `call` clones it once more, each clone copying its whole
+/// config (the host and origin lists, and a cancellation token, whose
+/// handle count takes a lock): ~1.5% of the replica's CPU under the pairs
+/// load (bench/PROFILE.md). Its `handle` takes `&self`, so one instance
+/// serves every request.
+#[derive(Clone)]
+struct SharedMcp(std::sync::Arc<StreamableHttpService<PhoneServer, NeverSessionManager>>);
+
+impl tower::Service<axum::extract::Request> for SharedMcp {
+    type Response = axum::response::Response;
+    type Error = std::convert::Infallible;
+    type Future = futures_util::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: axum::extract::Request) -> Self::Future {
+        let service = self.0.clone();
+        Box::pin(async move {
+            let (parts, body) = service.handle(req).await.into_parts();
+            Ok(axum::response::Response::from_parts(
+                parts,
+                axum::body::Body::new(body),
+            ))
+        })
+    }
 }
 
 /// Browser origins accepted on `/mcp`: the server's own (loopback on any

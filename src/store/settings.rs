@@ -86,6 +86,12 @@ const MARK: &str = "WITH req AS (
                               ELSE c.is_blocked END,
              updated_at = now()
          RETURNING 1),
+     -- The flag the send statement reads before it probes `contacts`
+     -- (V14), written with the first row it guards.
+     flagged AS (
+         UPDATE agents SET uses_contacts = true
+         WHERE id = $1 AND NOT uses_contacts
+           AND EXISTS (SELECT 1 FROM target WHERE mark IN ('allow', 'block'))),
      withdrawn AS (
          UPDATE messages m SET dead_at = now(), dead_reason = 'blocked'
          WHERE m.recipient_id = $1 AND m.read_at IS NULL AND m.dead_at IS NULL

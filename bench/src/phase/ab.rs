@@ -10,7 +10,7 @@ use super::{names_of, policy::RefusalSplit};
 use crate::db;
 use crate::load::{Agent, hooks};
 use crate::mcp::Target;
-use crate::mode::{Mode, SETTLE, WAIT_SAMPLE_EVERY};
+use crate::mode::{Mode, WAIT_SAMPLE_EVERY};
 use crate::replicas::{Replica, pids};
 use crate::stats::{CpuUse, Summary};
 use crate::window::sample_window;
@@ -135,7 +135,8 @@ impl AbCtx<'_> {
     ) -> Result<AbRun, String> {
         let mode = self.mode;
         db::mark_all_read(self.db).await?;
-        db::each(self.db, &[SETTLE, "CHECKPOINT"]).await?;
+        db::settle(self.db).await?;
+        db::each(self.db, &["CHECKPOINT"]).await?;
         let pending_start = match receiver {
             Some(_) => db::webhooks_pending(self.db).await?,
             None => 0,

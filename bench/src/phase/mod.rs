@@ -12,6 +12,7 @@
 //!   what 1,000 waiting agents cost;
 //! - `webhooks` and `policy`: sends to agents with webhooks or contact
 //!   policies against sends to agents without (sharing `ab`);
+//! - `quotas`: send+poll pairs with the quotas on against off;
 //! - `search`: the directory at 10k to 1M agents;
 //! - `growth`: inbox latency at a small and a large message history;
 //! - `teams`: group sends against single sends, and search of one's mail.
@@ -25,6 +26,7 @@ pub(crate) mod growth;
 pub(crate) mod hot;
 pub(crate) mod mix;
 pub(crate) mod policy;
+pub(crate) mod quotas;
 pub(crate) mod rate;
 pub(crate) mod search;
 pub(crate) mod teams;

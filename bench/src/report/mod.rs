@@ -15,6 +15,7 @@ use crate::phase::{
     hot::{self, HotBase, HotRow},
     mix::{self, MixRow, NoDbRow},
     policy::{self, PolicyReport},
+    quotas::{self, QuotaReport},
     rate::{self, RateRow},
     search::{self, SearchRow},
     wake::{self, WakeReport},
@@ -46,6 +47,8 @@ pub(crate) struct Report {
     pub(crate) webhooks: Option<HookReport>,
     pub(crate) policy: Option<PolicyReport>,
     pub(crate) teams: Option<crate::phase::teams::TeamsReport>,
+    pub(crate) quotas: Option<QuotaReport>,
+    pub(crate) before: Option<QuotaReport>,
     pub(crate) mem: Vec<MemRow>,
     pub(crate) skipped: Vec<String>,
 }
@@ -89,6 +92,12 @@ pub(crate) fn render(
     if let Some(x) = &r.teams {
         crate::phase::teams::target_rows(w, x);
     }
+    if let Some(x) = &r.quotas {
+        quotas::target_row(w, x);
+    }
+    if let Some(x) = &r.before {
+        quotas::target_row(w, x);
+    }
     memory::target_rows(w, r);
 
     // Then the sections, each when its phase ran.
@@ -121,6 +130,21 @@ pub(crate) fn render(
     }
     if let Some(x) = &r.teams {
         crate::phase::teams::section(w, x);
+    }
+    if let Some(x) = &r.quotas {
+        quotas::section(w, x, mode);
+    }
+    if let Some(x) = &r.before {
+        quotas::section(w, x, mode);
+    }
+    // The profile (bench/profile.sh) is read and written up by hand: its
+    // write-up is carried into every report, marked as such.
+    if let Ok(profile) = std::fs::read_to_string("bench/PROFILE.md") {
+        let _ = writeln!(
+            w,
+            "\n<!-- from bench/PROFILE.md (written by hand from bench/profile.sh; not measured by this run) -->\n"
+        );
+        let _ = write!(w, "{profile}");
     }
     s
 }

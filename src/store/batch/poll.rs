@@ -34,8 +34,8 @@ pub struct Lease {
 /// locks: one lock request per inbox). `read_taken` marks read polls' shares
 /// read, `lease_taken` leases the others', `buried` ends messages already
 /// leased `max_deliveries` times; `waiting` counts each inbox's available
-/// mail before the statement (`$13` caps it beyond what was asked) and what
-/// its polls took.
+/// mail before the statement (`$13` caps it beyond what was asked; only
+/// when the polls took all they asked for) and what its polls took.
 ///
 /// Lookups are LATERAL with OFFSET 0: one index probe per poll whatever the
 /// planner thinks of the arrays. Updates find their rows by primary key
@@ -95,11 +95,20 @@ pub(super) fn polls() -> String {
              SELECT * FROM read_taken UNION ALL SELECT * FROM lease_taken),
          waiting AS MATERIALIZED (
              SELECT i.agent,
-                    (SELECT count(*) FROM (
-                         SELECT 1 FROM messages m WHERE {available}
-                         ORDER BY {INBOX_ORDER} LIMIT i.total + $13) w) AS n,
-                    (SELECT count(*) FROM pool p WHERE p.agent = i.agent) AS taken
-             FROM inboxes i)"
+                    -- A pool short of what its polls asked for found
+                    -- everything available: nothing waits beyond it but
+                    -- messages other statements hold locked, which they
+                    -- are taking. Only a full pool needs the count, a
+                    -- second walk of the inbox's unread entries (read
+                    -- ones not yet vacuumed included: the walk visits
+                    -- each one's row).
+                    CASE WHEN t.taken < i.total THEN t.taken
+                         ELSE (SELECT count(*) FROM (
+                                   SELECT 1 FROM messages m WHERE {available}
+                                   ORDER BY {INBOX_ORDER} LIMIT i.total + $13) w) END AS n,
+                    t.taken
+             FROM inboxes i
+             CROSS JOIN LATERAL (SELECT count(*) AS taken FROM pool p WHERE p.agent = i.agent) t)"
     )
 }
 

@@ -11,7 +11,7 @@ use crate::cli::Opts;
 use crate::db;
 use crate::load::{self, Agent};
 use crate::mcp::Target;
-use crate::mode::{Mode, SETTLE};
+use crate::mode::Mode;
 use crate::replicas::{Replica, pids};
 use crate::window::sample_window;
 
@@ -31,7 +31,8 @@ pub(crate) async fn hot_baseline(
     lease: Option<u32>,
     clients: usize,
 ) -> Result<HotBase, String> {
-    db::each(hdb, &[SETTLE, "CHECKPOINT"]).await?;
+    db::settle(hdb).await?;
+    db::each(hdb, &["CHECKPOINT"]).await?;
     let secs = (mode.hot_warmup + mode.hot_measure).as_secs();
     let script = Path::new("data/bench").join(format!(
         "hot-{}-c{clients}.pgbench",
@@ -102,7 +103,8 @@ pub(crate) async fn hot_run(
         Some(seconds) => load::HotMode::Lease { seconds },
         None => load::HotMode::Read,
     };
-    db::each(hdb, &[SETTLE, "CHECKPOINT"]).await?;
+    db::settle(hdb).await?;
+    db::each(hdb, &["CHECKPOINT"]).await?;
     let pgss = db::statements_reset(admin).await.is_ok();
     let server_pids = pids(replicas);
     let start = tokio::time::Instant::now();
@@ -207,7 +209,8 @@ pub(crate) async fn hot_rate(
     peak: f64,
 ) -> Result<RateRow, String> {
     let rate = (peak / 2.0).max(10.0);
-    db::each(hdb, &[SETTLE, "CHECKPOINT"]).await?;
+    db::settle(hdb).await?;
+    db::each(hdb, &["CHECKPOINT"]).await?;
     let tokens: Vec<Arc<str>> = senders
         .iter()
         .map(|a| Arc::from(a.token.as_str()))

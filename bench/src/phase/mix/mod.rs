@@ -19,7 +19,7 @@ use crate::cli::{Opts, pg_url};
 use crate::db;
 use crate::load::{self, Agent};
 use crate::mcp::Target;
-use crate::mode::{CONCURRENCY, Mode, REPLICAS, SETTLE};
+use crate::mode::{CONCURRENCY, Mode, REPLICAS};
 use crate::replicas::{Replica, pids, start_replicas, stop_replicas, targets};
 use crate::report::{Report, memory::MemRow};
 use crate::stats::{self, CpuUse, Summary};
@@ -233,7 +233,7 @@ async fn mix_phase(
     // away (left behind, they cost the next run's polls heap visits) and
     // statistics up to date, rather than autovacuum landing in the middle
     // of one of them.
-    db::each(bench_db, &[SETTLE]).await?;
+    db::settle(bench_db).await?;
     let server_pids = pids(replicas);
 
     // CPU and database counters are read inside the measured window, while
@@ -243,6 +243,7 @@ async fn mix_phase(
     let pgss = db::statements_reset(admin).await.is_ok();
     let start = tokio::time::Instant::now();
     let wall0 = chrono::Utc::now();
+    let profiler = profile(r, c, mode, &server_pids, postmaster);
     let (out, (cpu, window_counters)) = tokio::join!(
         load::mix(tg, &agents, start, mode.warmup, mode.measure),
         sample_window(
@@ -256,6 +257,9 @@ async fn mix_phase(
             hz
         ),
     );
+    if let Some(mut child) = profiler {
+        let _ = child.wait().await;
+    }
     let from = wall0 + chrono::Duration::from_std(mode.warmup).unwrap();
     let to = from + chrono::Duration::from_std(mode.measure).unwrap();
     let statements = if pgss {
@@ -265,7 +269,7 @@ async fn mix_phase(
     };
     let (sent_db, read_db) = db::count_window(bench_db, &names, from, to).await?;
 
-    db::each(bench_db, &[SETTLE]).await?;
+    db::settle(bench_db).await?;
     let _ = bench_db.batch_execute("CHECKPOINT").await;
     if pgss {
         let _ = db::statements_reset(admin).await;
@@ -333,4 +337,56 @@ async fn mix_phase(
         calls_total: out.calls_total,
         pgbench_statements,
     })
+}
+
+/// `bench/profile.sh` (PHONE_BENCH_PROFILE=DIR): `perf record` of the
+/// replica and of the bench cluster's processes (not the rest of a shared
+/// machine) over the measured window of the 1-replica, c=16 mix: flat at
+/// 4,999 Hz into DIR/mix-r1-c16.flat.data (self time per symbol), and
+/// with DWARF call graphs at 199 Hz into DIR/mix-r1-c16.perf.data (time
+/// including callees: the binary has no frame pointers); the pids go to
+/// DIR/mix-r1-c16.pids (`server` and `postgres` lines) for `perf report
+/// --pid`. Started after the warm-up by a shell `sleep`, so the
+/// generator's own timing is not disturbed (perf's sampling costs the
+/// machine a few percent: a profiled run's ratios are not the headline
+/// ones).
+fn profile(
+    r: usize,
+    c: usize,
+    mode: &Mode,
+    server_pids: &[u32],
+    postmaster: u32,
+) -> Option<tokio::process::Child> {
+    let dir = std::env::var("PHONE_BENCH_PROFILE").ok()?;
+    if r != 1 || c != 16 {
+        return None;
+    }
+    // The cluster's processes (the postmaster's children, listed when the
+    // window starts: a pid gone by then would make perf refuse them all).
+    let server = server_pids
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let base = Path::new(&dir).join(format!("mix-r{r}-c{c}"));
+    let script = format!(
+        "sleep {:.3}; pg=$(pgrep -d, -P {postmaster}); \
+         printf 'server {server}\\npostgres %s\\n' \"$pg\" > {pids}; \
+         perf record -q -F 4999 -p {server},$pg -o {flat} -- sleep {secs:.3} & \
+         perf record -q --call-graph dwarf,16384 -F 199 -p {server},$pg -o {graph} -- sleep {secs:.3}; \
+         wait",
+        mode.warmup.as_secs_f64(),
+        secs = mode.measure.as_secs_f64(),
+        pids = base.with_extension("pids").display(),
+        flat = base.with_extension("flat.data").display(),
+        graph = base.with_extension("perf.data").display(),
+    );
+    tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .ok()
 }

@@ -6,7 +6,6 @@ use std::collections::HashSet;
 use super::{HOOK_RATE_CONNECTIONS, HOOK_RATE_MAX, HOOK_RATE_MIN};
 use crate::db;
 use crate::load::{self, hooks};
-use crate::mode::SETTLE;
 use crate::phase::ab::AbCtx;
 use crate::stats::{self, Summary};
 
@@ -73,7 +72,8 @@ pub(crate) async fn hook_latency(
         .min(capacity.map_or(f64::MAX, |c| c / 3.0))
         .clamp(HOOK_RATE_MIN, HOOK_RATE_MAX);
     db::mark_all_read(ctx.db).await?;
-    db::each(ctx.db, &[SETTLE, "CHECKPOINT"]).await?;
+    db::settle(ctx.db).await?;
+    db::each(ctx.db, &["CHECKPOINT"]).await?;
     let pending_start = db::webhooks_pending(ctx.db).await?;
     let before = receiver.count();
     let out = hooks::paced(
