@@ -135,7 +135,8 @@ async function run() {
   const m = box.messages[0];
   const expect = {
     id: sent.id, from: alice, from_project: project, to: bob, subject: 'Shipping',
-    body: 'When does the Lyon shipment leave?', reply_to: null, thread_id: sent.thread_id,
+    // A field that says nothing is left out: no reply_to on a first message.
+    body: 'When does the Lyon shipment leave?', reply_to: undefined, thread_id: sent.thread_id,
   };
   for (const [k, v] of Object.entries(expect)) check(m[k] === v, `inbox message field ${k}`, m);
   check(typeof m.sent_at === 'string' && box.unread_remaining === 0, 'sent_at and unread_remaining', box);
