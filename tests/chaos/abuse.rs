@@ -648,10 +648,18 @@ pub async fn hanging_webhook_under_a_trickle() {
         idle_after <= idle_before * 1.5 + 3.0,
         "after the sends stopped the database ran {idle_after:.1} transactions/s against {idle_before:.1} before the hanging webhook"
     );
+    // The cap (100) and the one summary; each send statement checks the cap
+    // in its own snapshot, so batches committing at once on the two
+    // replicas may each add one more: bounded, not exact.
     assert!(
-        pending <= 101,
+        pending <= 101 + 4,
         "the hooked agent's backlog is not capped: {pending} pending deliveries"
     );
+    if pending > 101 {
+        workload::write_finding(&format!(
+            "- the webhook backlog cap is per statement: {pending} pending against a cap of 100 and one summary (concurrent batches)"
+        ));
+    }
     stop_all(&mut rs).await;
 }
 
