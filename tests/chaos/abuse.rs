@@ -42,16 +42,51 @@ async fn register(mcp: &Mcp, bases: &[String], name: &str) -> Agent {
     }
 }
 
-/// Replicas with the server's own defaults: the harness turns the send quota
-/// off for the fault loads; an attack is measured against the default.
-fn replicas(label: &str, db: &str, n: usize, extra: &[(&str, &str)]) -> Vec<Replica> {
-    (0..n)
-        .map(|i| {
-            let mut env = vec![("PHONE_SEND_QUOTA_PER_HOUR", "1000")];
-            env.extend_from_slice(extra);
-            Replica::new(&format!("{label}-{}", i + 1), db, &env)
-        })
-        .collect()
+/// A test's stage: its own database, replicas with the server's own
+/// defaults (the harness turns the send quota off for the fault loads; an
+/// attack is measured against the default), the victim and the innocents.
+struct Scene {
+    db: String,
+    rs: Vec<Replica>,
+    bases: Vec<String>,
+    mcp: Mcp,
+    victim: Agent,
+    innocents: Vec<Agent>,
+}
+
+impl Scene {
+    async fn set_up(
+        label: &str,
+        replicas: usize,
+        extra: &[(&str, &str)],
+        victim: &str,
+        timeout: Duration,
+    ) -> Self {
+        let db = harness::fresh_database(label).await;
+        let mut env = vec![("PHONE_SEND_QUOTA_PER_HOUR", "1000")];
+        env.extend_from_slice(extra);
+        let mut rs: Vec<Replica> = (0..replicas)
+            .map(|i| Replica::new(&format!("{}-{}", label.replace('_', "-"), i + 1), &db, &env))
+            .collect();
+        for r in &mut rs {
+            r.start().await;
+        }
+        let bases: Vec<String> = rs.iter().map(Replica::base).collect();
+        let mcp = Mcp::new(timeout);
+        let victim = register(&mcp, &bases, victim).await;
+        let mut innocents = Vec::new();
+        for name in INNOCENTS {
+            innocents.push(register(&mcp, &bases, name).await);
+        }
+        Self {
+            db,
+            rs,
+            bases,
+            mcp,
+            victim,
+            innocents,
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -237,18 +272,14 @@ async fn stop_all(replicas: &mut [Replica]) {
 /// A stranger registers and sends 11,000 short messages to one agent, 32 at
 /// a time (what once filled an inbox for everyone in nine seconds).
 pub async fn stranger_floods_an_inbox() {
-    let db = harness::fresh_database("abuse_flood").await;
-    let mut rs = replicas("abuse-flood", &db, 2, &[]);
-    for r in &mut rs {
-        r.start().await;
-    }
-    let bases: Vec<String> = rs.iter().map(Replica::base).collect();
-    let mcp = Mcp::new(Duration::from_secs(10));
-    let victim = register(&mcp, &bases, "victim").await;
-    let mut innocents = Vec::new();
-    for name in INNOCENTS {
-        innocents.push(register(&mcp, &bases, name).await);
-    }
+    let Scene {
+        db,
+        mut rs,
+        bases,
+        mcp,
+        victim,
+        innocents,
+    } = Scene::set_up("abuse_flood", 2, &[], "victim", Duration::from_secs(10)).await;
     let stranger = register(&mcp, &bases, "stranger").await;
 
     let others = Others::start(&mcp, &bases, &innocents, &victim.name);
@@ -348,18 +379,14 @@ pub async fn stranger_floods_an_inbox() {
 /// the owner and the others go on, and the owner signs in to the console on
 /// every replica during the attack.
 pub async fn neighbour_guesses_tokens() {
-    let db = harness::fresh_database("abuse_guess").await;
-    let mut rs = replicas("abuse-guess", &db, 2, &[]);
-    for r in &mut rs {
-        r.start().await;
-    }
-    let bases: Vec<String> = rs.iter().map(Replica::base).collect();
-    let mcp = Mcp::new(Duration::from_secs(10));
-    let victim = register(&mcp, &bases, "owner").await;
-    let mut innocents = Vec::new();
-    for name in INNOCENTS {
-        innocents.push(register(&mcp, &bases, name).await);
-    }
+    let Scene {
+        db: _,
+        mut rs,
+        bases,
+        mcp,
+        victim,
+        innocents,
+    } = Scene::set_up("abuse_guess", 2, &[], "owner", Duration::from_secs(10)).await;
 
     let others = Others::start(&mcp, &bases, &innocents, &victim.name);
     tokio::time::sleep(Duration::from_secs_f64(crate::secs(
@@ -533,25 +560,23 @@ async fn rate(check: &tokio_postgres::Client, database: &str, secs: f64) -> f64 
 /// never answers, while mail for it arrives at a steady trickle; then all
 /// sends stop. The database must be as idle as before the webhook existed.
 pub async fn hanging_webhook_under_a_trickle() {
-    let db = harness::fresh_database("abuse_hang").await;
-    let database = harness::db_name(&db);
     // The receiver is on loopback: private destinations allowed, else defaults.
-    let mut rs = replicas(
-        "abuse-hang",
-        &db,
+    let Scene {
+        db,
+        mut rs,
+        bases,
+        mcp,
+        victim,
+        innocents,
+    } = Scene::set_up(
+        "abuse_hang",
         2,
         &[("PHONE_WEBHOOK_ALLOW_PRIVATE", "true")],
-    );
-    for r in &mut rs {
-        r.start().await;
-    }
-    let bases: Vec<String> = rs.iter().map(Replica::base).collect();
-    let mcp = Mcp::new(Duration::from_secs(15));
-    let victim = register(&mcp, &bases, "hooked").await;
-    let mut innocents = Vec::new();
-    for name in INNOCENTS {
-        innocents.push(register(&mcp, &bases, name).await);
-    }
+        "hooked",
+        Duration::from_secs(15),
+    )
+    .await;
+    let database = harness::db_name(&db);
     let check = harness::connect(&db).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let idle_before = rate(&check, &database, 5.0).await;
@@ -666,18 +691,14 @@ pub async fn hanging_webhook_under_a_trickle() {
 /// Ten console tabs on a mailbox of a million messages (bulk-loaded), each
 /// cycling its pages, while the others work; /health must stay 200.
 pub async fn a_million_message_mailbox_in_the_console() {
-    let db = harness::fresh_database("abuse_big").await;
-    let mut rs = replicas("abuse-big", &db, 1, &[]);
-    for r in &mut rs {
-        r.start().await;
-    }
-    let bases: Vec<String> = rs.iter().map(Replica::base).collect();
-    let mcp = Mcp::new(Duration::from_secs(10));
-    let owner = register(&mcp, &bases, "hoarder").await;
-    let mut innocents = Vec::new();
-    for name in INNOCENTS {
-        innocents.push(register(&mcp, &bases, name).await);
-    }
+    let Scene {
+        db,
+        mut rs,
+        bases,
+        mcp,
+        victim: owner,
+        innocents,
+    } = Scene::set_up("abuse_big", 1, &[], "hoarder", Duration::from_secs(10)).await;
     let size = crate::secs("PHONE_CHAOS_BIG_MAILBOX", 1_000_000.0) as i64;
     let load_started = Instant::now();
     let check = harness::connect(&db).await;
@@ -865,7 +886,6 @@ fn page_latencies(pages: &[&str], views: &[(usize, f64, u16)]) -> (String, f64) 
 /// and never answers: agents set webhooks naming fresh hosts, 32 at a time,
 /// while the others work and a replica's pool has to reconnect.
 pub async fn a_name_server_that_never_answers() {
-    let db = harness::fresh_database("abuse_dns").await;
     let silent = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
     let dns = silent.local_addr().unwrap().to_string();
     let questions = Arc::new(AtomicUsize::new(0));
@@ -876,17 +896,21 @@ pub async fn a_name_server_that_never_answers() {
             questions_in.fetch_add(1, Ordering::SeqCst);
         }
     });
-    let mut rs = replicas("abuse-dns", &db, 2, &[("PHONE_DNS_SERVERS", &dns)]);
-    for r in &mut rs {
-        r.start().await;
-    }
-    let bases: Vec<String> = rs.iter().map(Replica::base).collect();
-    let mcp = Mcp::new(Duration::from_secs(30));
-    let victim = register(&mcp, &bases, "quiet").await;
-    let mut innocents = Vec::new();
-    for name in INNOCENTS {
-        innocents.push(register(&mcp, &bases, name).await);
-    }
+    let Scene {
+        db,
+        mut rs,
+        bases,
+        mcp,
+        victim,
+        innocents,
+    } = Scene::set_up(
+        "abuse_dns",
+        2,
+        &[("PHONE_DNS_SERVERS", &dns)],
+        "quiet",
+        Duration::from_secs(30),
+    )
+    .await;
     let mut attackers = Vec::new();
     for i in 0..4 {
         attackers.push(register(&mcp, &bases, &format!("resolver-{i}")).await);
