@@ -768,3 +768,48 @@ async fn a_delivery_for_mail_that_expired_ends() {
     )
     .await;
 }
+
+/// A message deleted while its delivery still retries (the retention of
+/// `PHONE_RETENTION_DAYS`, or an operator's DELETE) is no longer announced:
+/// the delivery ends at once instead of being claimed, and never attempted,
+/// until the retry period runs out.
+#[tokio::test]
+async fn a_delivery_for_mail_that_was_deleted_ends() {
+    let (hooks, addr) = receiver().await;
+    hooks.script.lock().unwrap().extend([500; 100]);
+    let app = spawn_app_with(&LOCAL).await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let svc = register(&c, "service", "S", "p").await;
+    let url = format!("http://{addr}/hook");
+    ok(&c, "phone_settings", svc.with(json!({"webhook_url": url}))).await;
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "service", "body": "soon deleted"})),
+    )
+    .await;
+    until_received(&hooks, 1).await;
+    let db = app.db().await;
+    db.execute(
+        "UPDATE messages SET sent_at = now() - interval '40 days'",
+        &[],
+    )
+    .await
+    .unwrap();
+    // A replica with a retention of 30 days deletes it as it starts.
+    let pruner = spawn_app_on(
+        &app.database_url,
+        &[LOCAL[0], LOCAL[1], ("PHONE_RETENTION_DAYS", "30")],
+    )
+    .await;
+    wait_until(&db, "the message deleted", "SELECT count(*) = 0 FROM messages").await;
+    wait_until(
+        &db,
+        "the delivery ended",
+        "SELECT state = 'gone' AND last_error = 'the message was deleted before delivery'
+         FROM webhook_deliveries",
+    )
+    .await;
+    pruner.stop().await;
+}

@@ -137,10 +137,13 @@ const CLAIM: &str = "WITH due AS MATERIALIZED (
                     AND a.webhook_secret IS NOT NULL AS live,
                 d.created_at < now() - make_interval(secs => $3) AS expired,
                 -- A message past its lifetime is no longer delivered, nor
-                -- announced (primary key probe).
+                -- announced; one deleted (retention, an operator) cannot be:
+                -- claimed, it would drop out of the final join below and be
+                -- claimed again until given up (primary key probes).
                 NOT d.summary AND EXISTS (
                     SELECT 1 FROM messages m
                     WHERE m.id = d.message_id AND m.expires_at <= now()) AS lapsed,
+                NOT EXISTS (SELECT 1 FROM messages m WHERE m.id = d.message_id) AS deleted,
                 h.retry_at
          FROM webhook_deliveries d JOIN agents a ON a.id = d.agent_id
          LEFT JOIN webhook_hosts h ON h.host = a.webhook_host
@@ -152,7 +155,7 @@ const CLAIM: &str = "WITH due AS MATERIALIZED (
                 -- so that the agents pointing at it take turns.
                 row_number() OVER (PARTITION BY x.host ORDER BY x.attempts, x.id) AS nth_host
          FROM due x
-         WHERE x.live AND NOT x.expired AND NOT x.lapsed
+         WHERE x.live AND NOT x.expired AND NOT x.lapsed AND NOT x.deleted
            AND (x.retry_at IS NULL OR x.retry_at <= now())),
      flying AS MATERIALIZED (
          SELECT r.agent_id, (
@@ -179,16 +182,18 @@ const CLAIM: &str = "WITH due AS MATERIALIZED (
          UPDATE webhook_deliveries d
          SET next_at = least(x.retry_at, x.created_at + make_interval(secs => $3))
          FROM due x
-         WHERE d.id = x.id AND x.live AND NOT x.expired AND NOT x.lapsed AND x.retry_at > now()),
+         WHERE d.id = x.id AND x.live AND NOT x.expired AND NOT x.lapsed AND NOT x.deleted
+           AND x.retry_at > now()),
      ended AS (
          UPDATE webhook_deliveries d
-         SET state = CASE WHEN x.live THEN 'failed' ELSE 'gone' END, finished_at = now(),
-             claimed_until = NULL,
-             last_error = CASE WHEN NOT x.live THEN NULL
+         SET state = CASE WHEN x.live AND NOT x.deleted THEN 'failed' ELSE 'gone' END,
+             finished_at = now(), claimed_until = NULL,
+             last_error = CASE WHEN x.deleted THEN 'the message was deleted before delivery'
+                               WHEN NOT x.live THEN NULL
                                WHEN x.lapsed THEN 'the message expired before delivery'
                                ELSE 'not delivered within the retry period' END
          FROM due x
-         WHERE d.id = x.id AND (NOT x.live OR x.expired OR x.lapsed))
+         WHERE d.id = x.id AND (NOT x.live OR x.expired OR x.lapsed OR x.deleted))
      SELECT c.id, c.agent_id, c.attempts, c.created_at, c.summary, a.webhook_url,
             a.webhook_host, a.webhook_secret,
             m.id AS message_id, s.name AS sender, s.project AS sender_project, a.name AS recipient,
