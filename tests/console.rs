@@ -923,3 +923,32 @@ async fn console_tabs_leave_the_agents_their_connections() {
         assert_eq!(tab.await.unwrap().unwrap(), StatusCode::OK);
     }
 }
+
+/// A copy of a group send shows its recipient who else it went to on the
+/// message's page.
+#[tokio::test]
+async fn a_group_send_names_the_other_recipients() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let boss = register(&c, "boss", "B", "p").await;
+    let w1 = register(&c, "w1", "W", "p").await;
+    register(&c, "w2", "W", "p").await;
+    register(&c, "w3", "W", "p").await;
+    let sent = ok(
+        &c,
+        "phone_send",
+        boss.with(json!({"to": ["w1", "w2", "w3"], "body": "split it"})),
+    )
+    .await;
+    let mine = sent["recipients"][0]["id"].as_str().unwrap().to_owned();
+    let mut browser = Browser::signed_in(&app, &w1).await;
+    let page = browser.get(&format!("/console/messages/{mine}")).await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(
+        page.body
+            .contains("<span class=\"label\">and</span> <bdi>w2</bdi>, <bdi>w3</bdi>"),
+        "{}",
+        page.body
+    );
+    app.stop().await;
+}

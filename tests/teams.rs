@@ -42,10 +42,49 @@ async fn a_group_send_is_one_message_per_recipient_in_one_thread() {
     let mut seen = Vec::new();
     for (worker, copy) in w.iter().zip(copies) {
         assert_eq!(copy["to"], worker.name.as_str());
-        let inbox = ok(&c2, "phone_inbox", worker.with(json!({}))).await;
+        // A peek and the poll both tell it who else has the task.
+        let others: Vec<&str> = ["w1", "w2", "w3"]
+            .into_iter()
+            .filter(|n| *n != worker.name)
+            .collect();
+        let peek = call(&c2, "phone_inbox", worker.with(json!({"peek": true}))).await;
+        let peeked = peek.structured_content.as_ref().unwrap();
+        assert_eq!(peeked["messages"][0]["also_to"], json!(others), "{peeked}");
+        let inbox = call(&c2, "phone_inbox", worker.with(json!({}))).await;
+        assert!(
+            text(&inbox).contains(&format!("(also to {})", others.join(", "))),
+            "{}",
+            text(&inbox)
+        );
+        let inbox = inbox.structured_content.unwrap();
+        assert_eq!(inbox["messages"][0]["also_to"], json!(others), "{inbox}");
         assert_eq!(ids(&inbox), vec![copy["id"].as_str().unwrap().to_owned()]);
         assert_eq!(inbox["messages"][0]["thread_id"], thread.as_str());
         assert_eq!(inbox["messages"][0]["body"], "Split the work.");
+        // Its history and the thread say it again; the sender's view of
+        // the thread names each copy's recipient, and no list.
+        let history = ok(
+            &c1,
+            "phone_inbox",
+            worker.with(json!({"include_read": true})),
+        )
+        .await;
+        assert_eq!(
+            history["messages"][0]["also_to"],
+            json!(others),
+            "{history}"
+        );
+        let threaded = ok(
+            &c1,
+            "phone_thread",
+            worker.with(json!({"message_id": copy["id"]})),
+        )
+        .await;
+        assert_eq!(
+            threaded["messages"][0]["also_to"],
+            json!(others),
+            "{threaded}"
+        );
         seen.push(copy["id"].as_str().unwrap().to_owned());
         // Its own read state: only this one's copy is read so far.
         let outbox = ok(&c1, "phone_outbox", boss.with(json!({}))).await;
@@ -59,6 +98,15 @@ async fn a_group_send_is_one_message_per_recipient_in_one_thread() {
     }
     seen.dedup();
     assert_eq!(seen.len(), 3);
+    let boss_view = ok(
+        &c1,
+        "phone_thread",
+        boss.with(json!({"message_id": thread})),
+    )
+    .await;
+    for m in boss_view["messages"].as_array().unwrap() {
+        assert!(m.get("also_to").is_none(), "{boss_view}");
+    }
 
     // w2 answers everyone: boss, w1 and w3 (not itself), in the thread.
     let all = ok(
@@ -100,6 +148,17 @@ async fn a_group_send_is_one_message_per_recipient_in_one_thread() {
     .await;
     assert_eq!(one_reply["to"], "boss");
     assert!(one_reply.get("recipients").is_none(), "{one_reply}");
+    let single = ok(&c1, "phone_inbox", boss.with(json!({"peek": true}))).await;
+    let done = single["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["body"] == "Done.")
+        .unwrap();
+    assert!(
+        done.get("also_to").is_none(),
+        "a send to one lists no others: {single}"
+    );
     let outsider = register(&c1, "outsider", "Not in it", "else").await;
     let err = tool_err(
         &c1,

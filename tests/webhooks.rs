@@ -803,7 +803,12 @@ async fn a_delivery_for_mail_that_was_deleted_ends() {
         &[LOCAL[0], LOCAL[1], ("PHONE_RETENTION_DAYS", "30")],
     )
     .await;
-    wait_until(&db, "the message deleted", "SELECT count(*) = 0 FROM messages").await;
+    wait_until(
+        &db,
+        "the message deleted",
+        "SELECT count(*) = 0 FROM messages",
+    )
+    .await;
     wait_until(
         &db,
         "the delivery ended",

@@ -354,6 +354,13 @@ fn message_card(m: &Message, me: &str, focus: bool) -> Markup {
                     span.label { "From" } " " strong.sender { bdi { (m.sender) } }
                     span.muted.small { " (" bdi { (m.sender_project) } ")" }
                     " " span.label { "to" } " " strong { bdi { (m.recipient) } }
+                    @if let Some(others) = &m.also_to {
+                        " " span.label { "and" } " "
+                        @for (i, other) in others.iter().enumerate() {
+                            @if i > 0 { ", " }
+                            bdi { (other) }
+                        }
+                    }
                 }
                 div.meta {
                     a href=(message_link(m.id)) { (MessageId(m.id)) } " · " (when(m.sent_at)) " · "

@@ -413,10 +413,13 @@ impl Phone {
         req: InboxRequest,
         call: &Call,
     ) -> Result<Option<(i64, Inbox)>, PhoneError> {
-        let polled = self
+        let mut polled = self
             .poll_once(creds, req, call)
             .await
             .map_err(|e| taken_hint(e, req))?;
+        if matches!(req.mode, InboxMode::Read | InboxMode::Lease { .. }) {
+            self.name_the_other_recipients(&mut polled.messages).await;
+        }
         let takes = matches!(req.mode, InboxMode::Read | InboxMode::Lease { .. });
         if takes && !polled.messages.is_empty() {
             if call.gone.is_cancelled() {
@@ -428,6 +431,23 @@ impl Phone {
             }
         }
         Ok(inbox(polled, req.mode))
+    }
+
+    /// Who else a group send went to, for the copies a read or lease poll
+    /// took (the batch statement leaves it out). Best effort: the mail is
+    /// taken already, and an answer without the list loses nothing.
+    async fn name_the_other_recipients(&self, messages: &mut [Message]) {
+        if messages.iter().all(|m| m.group_id.is_none()) {
+            return;
+        }
+        let filled = async {
+            let db = self.store.db().await?;
+            store::messages::fill_also_to(&db, messages).await
+        }
+        .await;
+        if let Err(e) = filled {
+            tracing::warn!(error = %crate::telemetry::error_chain(&e), "group recipients not named");
+        }
     }
 
     async fn poll_once(

@@ -187,6 +187,9 @@ fn messages(out: &mut String, list: &[Message], mark: &str, show_to: bool) {
         if show_to {
             let _ = write!(out, " to {}", m.to);
         }
+        if let Some(others) = &m.also_to {
+            let _ = write!(out, " (also to {})", others.join(", "));
+        }
         let _ = write!(out, " at {}", m.sent_at);
         if let Some(original) = &m.reply_to {
             let _ = write!(out, ", reply to {original}");

@@ -192,6 +192,9 @@ pub struct Message {
     /// Its sender gave it a lifetime: unread by then, it is no longer delivered.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<String>,
+    /// A group send: the others it went to (reply to everyone with to "*").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub also_to: Option<Vec<String>>,
 }
 
 impl From<DomainMessage> for Message {
@@ -218,6 +221,7 @@ impl From<DomainMessage> for Message {
             }),
             dead_at: m.dead_at.map(message_time),
             expires_at: m.expires_at.map(message_time),
+            also_to: m.also_to,
         }
     }
 }

@@ -505,3 +505,36 @@ pub async fn thread(
         .await?;
     Ok(rows.iter().map(Message::from_row).collect())
 }
+
+/// `$1` message ids, `$2` their threads, `$3` their groups: the other
+/// recipients of each copy of a group send, oldest copy first. The copies
+/// share the thread and are numbered from `group_id` on
+/// (`messages_thread_cover_idx`); names by primary key.
+const ALSO_TO: &str = "SELECT x.id, ARRAY(
+         SELECT (SELECT a.name FROM agents a WHERE a.id = g.recipient_id)
+         FROM messages g
+         WHERE g.thread_id = x.thread_id AND g.id >= x.group_id
+           AND g.group_id = x.group_id AND g.id <> x.id
+         ORDER BY g.id) AS others
+     FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS x(id, thread_id, group_id)";
+
+/// Fills in `also_to` of the copies of group sends among `messages` (what
+/// the hot poll leaves out). One statement, and none without such a copy.
+pub async fn fill_also_to(db: &Client, messages: &mut [Message]) -> Result<(), StoreError> {
+    let copies: Vec<&Message> = messages.iter().filter(|m| m.group_id.is_some()).collect();
+    if copies.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<i64> = copies.iter().map(|m| m.id).collect();
+    let threads: Vec<i64> = copies.iter().map(|m| m.thread_id).collect();
+    let groups: Vec<Option<i64>> = copies.iter().map(|m| m.group_id).collect();
+    let stmt = db.prepare_cached(ALSO_TO).await?;
+    let rows = db.query(&stmt, &[&ids, &threads, &groups]).await?;
+    for row in rows {
+        let id: i64 = row.get("id");
+        if let Some(m) = messages.iter_mut().find(|m| m.id == id) {
+            m.also_to = Some(row.get("others"));
+        }
+    }
+    Ok(())
+}

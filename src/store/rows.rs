@@ -51,6 +51,10 @@ pub struct Message {
     pub dead_at: Option<DateTime<Utc>>,
     /// When it is (or was) no longer delivered, if it has a lifetime.
     pub expires_at: Option<DateTime<Utc>>,
+    /// A copy of a group send: the id of its first copy.
+    pub group_id: Option<i64>,
+    /// A copy of a group send, as its recipient sees it: the others it went to.
+    pub also_to: Option<Vec<String>>,
 }
 
 impl Message {
@@ -71,6 +75,8 @@ impl Message {
             leased_until: row.get("leased_until"),
             dead_at: row.get("dead_at"),
             expires_at: row.get("expires_at"),
+            group_id: row.get("group_id"),
+            also_to: row.get("also_to"),
         }
     }
 }

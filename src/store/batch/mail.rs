@@ -12,7 +12,7 @@ use super::{
         NOTIFY_SQL, QueuedSend, SENDERS, SendOutcome, WAKE_SQL, copy_key, sends, waiting_among,
     },
 };
-use crate::store::fragments::{SENDER_LOOKUP, message_columns, presence_write};
+use crate::store::fragments::{SENDER_LOOKUP, polled_message_columns, presence_write};
 use crate::store::messages::Polled;
 use std::sync::Arc;
 
@@ -364,7 +364,7 @@ static MAIL_BATCH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
     let polls = polls();
     let sends = sends();
     let touch = presence_write(&format!("{SENDERS} UNION ALL {POLLERS}"));
-    let columns = message_columns("me.name");
+    let columns = polled_message_columns("me.name");
     format!(
         "WITH woken AS ({woken}),
          {sends},
@@ -385,7 +385,7 @@ static MAIL_BATCH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
          {SENDER_LOOKUP}
          UNION ALL
          SELECT false, rs.ord, rs.sender_id, i.id, NULL, NULL, NULL, NULL, NULL, NULL,
-                i.thread_id, i.sent_at, NULL, NULL, NULL, NULL, NULL, NULL, i.recipient_id, d.refusal,
+                i.thread_id, i.sent_at, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, i.recipient_id, d.refusal,
                 rs.hooked AND i.id IS NOT NULL
          FROM resolved rs
          JOIN decided d ON d.ord = rs.ord
@@ -393,7 +393,7 @@ static MAIL_BATCH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
          LEFT JOIN inserted i ON i.id = n.id
          UNION ALL
          SELECT NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, w.agent_id, NULL, NULL
+                NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, w.agent_id, NULL, NULL
          FROM woken CROSS JOIN unnest(woken.ids) AS w(agent_id)
          ORDER BY is_poll, ord, id"
     )
