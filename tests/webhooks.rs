@@ -516,9 +516,16 @@ async fn a_receiver_that_never_answers_does_not_hold_up_other_agents() {
     );
 }
 
-/// An agent that leaves stops receiving: its pending deliveries end as gone.
-#[tokio::test]
-async fn deliveries_to_an_agent_that_unregistered_end() {
+/// A replica, and an agent `service` whose webhook answers 500 to
+/// everything, sent one message by `alice` (`send`: phone_send's arguments
+/// but `to`), once its first attempt has arrived.
+struct Failing {
+    app: TestApp,
+    c: Client,
+    svc: Agent,
+}
+
+async fn one_failing_delivery(mut send: Value) -> Failing {
     let (hooks, addr) = receiver().await;
     hooks.script.lock().unwrap().extend([500; 100]);
     let app = spawn_app_with(&LOCAL).await;
@@ -527,13 +534,16 @@ async fn deliveries_to_an_agent_that_unregistered_end() {
     let svc = register(&c, "service", "S", "p").await;
     let url = format!("http://{addr}/hook");
     ok(&c, "phone_settings", svc.with(json!({"webhook_url": url}))).await;
-    ok(
-        &c,
-        "phone_send",
-        alice.with(json!({"to": "service", "body": "x"})),
-    )
-    .await;
+    send["to"] = json!("service");
+    ok(&c, "phone_send", alice.with(send)).await;
     until_received(&hooks, 1).await;
+    Failing { app, c, svc }
+}
+
+/// An agent that leaves stops receiving: its pending deliveries end as gone.
+#[tokio::test]
+async fn deliveries_to_an_agent_that_unregistered_end() {
+    let Failing { app, c, svc } = one_failing_delivery(json!({"body": "x"})).await;
     ok(&c, "phone_unregister", svc.with(json!({}))).await;
     let db = app.db().await;
     wait_until(
@@ -738,21 +748,8 @@ async fn webhook_changes_are_limited_per_agent() {
 /// retrying when it expires ends, and no further POST goes out for it.
 #[tokio::test]
 async fn a_delivery_for_mail_that_expired_ends() {
-    let (hooks, addr) = receiver().await;
-    hooks.script.lock().unwrap().extend([500; 100]);
-    let app = spawn_app_with(&LOCAL).await;
-    let c = app.client().await;
-    let alice = register(&c, "alice", "A", "p").await;
-    let svc = register(&c, "service", "S", "p").await;
-    let url = format!("http://{addr}/hook");
-    ok(&c, "phone_settings", svc.with(json!({"webhook_url": url}))).await;
-    ok(
-        &c,
-        "phone_send",
-        alice.with(json!({"to": "service", "body": "soon stale", "expires_in": 3600})),
-    )
-    .await;
-    until_received(&hooks, 1).await;
+    let Failing { app, .. } =
+        one_failing_delivery(json!({"body": "soon stale", "expires_in": 3600})).await;
     let db = app.db().await;
     db.execute(
         "UPDATE messages SET expires_at = now() - interval '1 second'",
@@ -775,21 +772,7 @@ async fn a_delivery_for_mail_that_expired_ends() {
 /// until the retry period runs out.
 #[tokio::test]
 async fn a_delivery_for_mail_that_was_deleted_ends() {
-    let (hooks, addr) = receiver().await;
-    hooks.script.lock().unwrap().extend([500; 100]);
-    let app = spawn_app_with(&LOCAL).await;
-    let c = app.client().await;
-    let alice = register(&c, "alice", "A", "p").await;
-    let svc = register(&c, "service", "S", "p").await;
-    let url = format!("http://{addr}/hook");
-    ok(&c, "phone_settings", svc.with(json!({"webhook_url": url}))).await;
-    ok(
-        &c,
-        "phone_send",
-        alice.with(json!({"to": "service", "body": "soon deleted"})),
-    )
-    .await;
-    until_received(&hooks, 1).await;
+    let Failing { app, .. } = one_failing_delivery(json!({"body": "soon deleted"})).await;
     let db = app.db().await;
     db.execute(
         "UPDATE messages SET sent_at = now() - interval '40 days'",

@@ -160,8 +160,7 @@ pub(crate) async fn run(
         say!(t0, "teams: {total} messages seeded in {seed_secs:.0} s");
         let searcher = &recipients[0];
         let (done, lat, search_errors) = searches(&tg[0], searcher, measure, false).await;
-        let (picked, picked_lat, picked_errors) =
-            searches(&tg[0], searcher, measure, true).await;
+        let (picked, picked_lat, picked_errors) = searches(&tg[0], searcher, measure, true).await;
         let total_messages = db::scalar_i64(&tdb, "SELECT count(*) FROM messages").await?;
         Ok(TeamsReport {
             rounds,
