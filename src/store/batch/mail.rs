@@ -384,13 +384,18 @@ static MAIL_BATCH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
              ON m.ord = me.ord
          {SENDER_LOOKUP}
          UNION ALL
-         SELECT false, rs.ord, rs.sender_id, i.id, NULL, NULL, NULL, NULL, NULL, NULL,
-                i.thread_id, i.sent_at, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, i.recipient_id, d.refusal,
-                rs.hooked AND i.id IS NOT NULL
-         FROM resolved rs
-         JOIN decided d ON d.ord = rs.ord
-         LEFT JOIN numbered n ON n.ord = rs.ord
-         LEFT JOIN inserted i ON i.id = n.id
+         SELECT false, z.ord, z.sender_id, CASE WHEN z.took THEN z.id END,
+                NULL, NULL, NULL, NULL, NULL, NULL,
+                CASE WHEN z.took THEN z.thread_id END, CASE WHEN z.took THEN now() END,
+                NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                CASE WHEN z.took THEN z.recipient_id END, z.refusal, z.hooked AND z.took
+         FROM (SELECT rs.ord, rs.sender_id, rs.hooked, d.refusal, s.id, s.thread_id, s.recipient_id,
+                      -- stored, not an idempotent replay (`sent_at` is the
+                      -- insert's default, the statement's now())
+                      coalesce(s.id IN (SELECT id FROM inserted), false) AS took
+               FROM resolved rs
+               JOIN decided d ON d.ord = rs.ord
+               LEFT JOIN stored s ON s.ord = rs.ord) z
          UNION ALL
          SELECT NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
                 NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, w.agent_id, NULL, NULL

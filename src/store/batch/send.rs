@@ -158,9 +158,10 @@ pub(super) static NOTIFY_SQL: std::sync::LazyLock<String> = std::sync::LazyLock:
 /// row can exist otherwise) (a block wins over everything; an answer
 /// to the recipient's own message passes any other policy); `counted` and
 /// `verdict` the quotas, for the copies the policy let through (several
-/// copies of one sender in the batch count in order); `inserted` what was
-/// stored (the copies of one send share a thread and a `group_id`, the
-/// first stored copy's id); `refusals` logs the rest; `hooked` queues a webhook delivery for
+/// copies of one sender in the batch count in order); `stored` each copy
+/// as it is to be stored (the copies of one send share a thread and a
+/// `group_id`, the first copy's id) and `inserted` the ids that went in
+/// (not an idempotent replay); `refusals` logs the rest; `hooked` queues a webhook delivery for
 /// each message to a recipient with a webhook (nothing for the others), up
 /// to `$22` pending per recipient; beyond, one "mail waits" summary stands
 /// for the rest (at most one pending: the unique index ignores the others). Each lookup is a LATERAL subquery with
@@ -319,19 +320,28 @@ pub(super) fn sends() -> String {
         SELECT x.ord, nextval('messages_id_seq') AS id, x.sender_id, x.recipient_id
         FROM (SELECT ord, sender_id, recipient_id FROM decided
               WHERE recipient_id IS NOT NULL AND refusal IS NULL ORDER BY ord) x),
+    -- Each copy as it is to be stored, by `ord`: the result reads it
+    -- from here, and asks `inserted` only which ids went in (a hashed
+    -- look-up). Joined to `inserted` by id instead, two CTEs the planner
+    -- guesses at one row each became a nested loop, every copy scanning
+    -- every other: 16 ms of a 34 ms statement of 140 copies (group sends).
+    stored AS MATERIALIZED (
+        SELECT n.ord, n.id, n.sender_id, n.recipient_id, x.sord, x.idempotency_key,
+               coalesce(r.thread_id, min(n.id) OVER same_send) AS thread_id,
+               CASE WHEN x.copies > 1 THEN min(n.id) OVER same_send END AS group_id
+        FROM numbered n
+        JOIN scopy x ON x.ord = n.ord
+        JOIN sreq r ON r.sord = x.sord
+        WINDOW same_send AS (PARTITION BY x.sord)),
     inserted AS (
         INSERT INTO messages (id, sender_id, recipient_id, subject, body, reply_to, thread_id,
                               idempotency_key, expires_at, group_id)
-        SELECT n.id, n.sender_id, n.recipient_id, r.subject, r.body, r.reply_to,
-               coalesce(r.thread_id, n.first), x.idempotency_key,
-               now() + make_interval(secs => r.expires_in),
-               CASE WHEN x.copies > 1 THEN n.first END
-        FROM (SELECT n.*, min(n.id) OVER (PARTITION BY x.sord) AS first
-              FROM numbered n JOIN scopy x ON x.ord = n.ord) n
-        JOIN scopy x ON x.ord = n.ord
-        JOIN sreq r ON r.sord = x.sord
+        SELECT s.id, s.sender_id, s.recipient_id, r.subject, r.body, r.reply_to, s.thread_id,
+               s.idempotency_key, now() + make_interval(secs => r.expires_in), s.group_id
+        FROM stored s
+        JOIN sreq r ON r.sord = s.sord
         ON CONFLICT (sender_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-        RETURNING id, thread_id, sent_at, sender_id, recipient_id),
+        RETURNING id, sender_id, recipient_id),
     hour_counted AS (
         INSERT INTO send_counts AS sc (sender_id, hour_start, sends)
         SELECT sender_id, now(), count(*)
@@ -347,10 +357,11 @@ pub(super) fn sends() -> String {
     -- second probe of the primary key here.
     met AS (
         INSERT INTO correspondents (sender_id, recipient_id)
+        -- A hashed look-up (the sublink inside coalesce stays a sub-plan),
+        -- not a semi-join of two CTEs, which the planner made a nested loop.
         SELECT DISTINCT i.sender_id, i.recipient_id FROM inserted i
-        WHERE EXISTS (SELECT 1 FROM counted c
-                      WHERE c.sender_id = i.sender_id AND c.recipient_id = i.recipient_id
-                        AND c.new_pair)
+        WHERE coalesce((i.sender_id, i.recipient_id) IN (
+                  SELECT c.sender_id, c.recipient_id FROM counted c WHERE c.new_pair), false)
         ON CONFLICT DO NOTHING),
     refusals AS (
         INSERT INTO refused_sends AS x (sender_id, recipient_id, reason, hits, hour)
@@ -367,7 +378,9 @@ pub(super) fn sends() -> String {
                        SELECT 1 FROM webhook_deliveries d
                        WHERE d.agent_id = i.recipient_id AND d.state = 'pending' LIMIT {backlog_max}) x) >= {backlog_max}
         FROM inserted i
-        WHERE i.recipient_id IN (SELECT recipient_id FROM resolved WHERE hooked)
+        -- Evaluated once: a semi-join of the two CTEs scanned every
+        -- recipient for every copy (1.4 ms per group-send statement).
+        WHERE i.recipient_id = ANY (ARRAY(SELECT recipient_id FROM resolved WHERE hooked))
         ON CONFLICT (agent_id) WHERE summary AND state = 'pending' DO NOTHING
         RETURNING agent_id)"
     )
