@@ -234,6 +234,11 @@ async fn each_recipient_of_a_group_send_is_decided_on_its_own() {
         text(&result)
     );
     assert_eq!(app.count("SELECT count(*) FROM messages").await, 1);
+    // The one copy stored names no one else (not an empty list).
+    let lone = call(&c, "phone_inbox", _open.with(json!({"peek": true}))).await;
+    assert!(!text(&lone).contains("also to"), "{}", text(&lone));
+    let lone = lone.structured_content.unwrap();
+    assert!(lone["messages"][0].get("also_to").is_none(), "{lone}");
     // Nothing stored at all: an error that names each reason.
     let err = tool_err(
         &c,
@@ -526,4 +531,57 @@ async fn poll_until(c: &Client, args: &Value, until: std::time::Instant) -> Vec<
         tokio::time::sleep(std::time::Duration::from_millis(40)).await;
     }
     got
+}
+
+/// A group send refused for one recipient, retried with the same key once
+/// that recipient lets the sender in: the copy stored by the retry joins
+/// the first try's group and thread, and the others see it in `also_to`.
+#[tokio::test]
+async fn a_retry_that_stores_a_refused_copy_joins_the_first_group() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let boss = register(&c, "boss", "B", "team").await;
+    let a = register(&c, "a", "A", "team").await;
+    let late = register(&c, "late", "L", "else").await;
+    ok(
+        &c,
+        "phone_settings",
+        late.with(json!({"contact_policy": "closed"})),
+    )
+    .await;
+    let args = boss.with(json!({"to": ["a", "late"], "body": "plan", "idempotency_key": "g1"}));
+    let first = ok(&c, "phone_send", args.clone()).await;
+    assert!(first["recipients"][1]["error"].is_string(), "{first}");
+    ok(
+        &c,
+        "phone_settings",
+        late.with(json!({"contact_policy": "open"})),
+    )
+    .await;
+    let retry = ok(&c, "phone_send", args).await;
+    assert_eq!(
+        retry["recipients"][0]["id"], first["recipients"][0]["id"],
+        "{retry}"
+    );
+    let late_copy = retry["recipients"][1]["id"].as_str().unwrap().to_owned();
+    assert_eq!(retry["thread_id"], first["thread_id"], "{retry}");
+    let got = ok(&c, "phone_inbox", late.with(json!({}))).await;
+    assert_eq!(got["messages"][0]["id"], late_copy.as_str());
+    assert_eq!(got["messages"][0]["thread_id"], first["thread_id"], "{got}");
+    assert_eq!(got["messages"][0]["also_to"], json!(["a"]), "{got}");
+    let got = ok(&c, "phone_inbox", a.with(json!({}))).await;
+    assert_eq!(got["messages"][0]["also_to"], json!(["late"]), "{got}");
+    // Its thread exists: the copy's thread is a stored message.
+    ok(
+        &c,
+        "phone_thread",
+        late.with(json!({"message_id": late_copy})),
+    )
+    .await;
+    assert_eq!(
+        app.count("SELECT count(DISTINCT group_id) FROM messages")
+            .await,
+        1
+    );
+    app.stop().await;
 }

@@ -440,13 +440,19 @@ impl Phone {
         if messages.iter().all(|m| m.group_id.is_none()) {
             return;
         }
-        let filled = async {
+        // Bounded: the mail is taken, and a busy pool must not hold its
+        // answer (and the caller) for the pool's whole wait.
+        let filled = tokio::time::timeout(std::time::Duration::from_millis(250), async {
             let db = self.store.db().await?;
             store::messages::fill_also_to(&db, messages).await
-        }
+        })
         .await;
-        if let Err(e) = filled {
-            tracing::warn!(error = %crate::telemetry::error_chain(&e), "group recipients not named");
+        match filled {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %crate::telemetry::error_chain(&e), "group recipients not named");
+            }
+            Err(_) => tracing::warn!("group recipients not named: no connection within 250 ms"),
         }
     }
 

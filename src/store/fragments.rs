@@ -124,16 +124,14 @@ pub fn message_columns_seen_by(recipient_name: &str, viewer: &str) -> String {
 }
 
 /// The other recipients of a copy of a group send, oldest copy first
-/// (NULL for a send to one, so mail to one pays a test of `group_id`): the
-/// copies share the thread and are numbered from `group_id` on
-/// (`messages_thread_cover_idx`), each name by primary key.
+/// (NULL for a send to one, so mail to one pays a test of `group_id`):
+/// `messages_group_idx`, each name by primary key.
 fn also_to(shown_when: &str) -> String {
     format!(
         "CASE WHEN m.group_id IS NOT NULL AND {shown_when} THEN ARRAY(
              SELECT (SELECT a.name FROM agents a WHERE a.id = g.recipient_id)
              FROM messages g
-             WHERE g.thread_id = m.thread_id AND g.id >= m.group_id
-               AND g.group_id = m.group_id AND g.id <> m.id
+             WHERE g.group_id = m.group_id AND g.id <> m.id
              ORDER BY g.id) END AS also_to"
     )
 }

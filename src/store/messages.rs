@@ -54,7 +54,7 @@ fn me_with_presence() -> String {
 /// copy's recipient), or one row with NULL `party_id` when the caller is
 /// accepted but did not send or receive the message; no row when the caller
 /// is not accepted. Indexes: token, primary keys, the other copies by
-/// `messages_thread_cover_idx` (a group's copies share the thread).
+/// `messages_group_idx`.
 static REPLY_PARTIES: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH me AS (SELECT id FROM agents WHERE {}),
@@ -69,8 +69,7 @@ static REPLY_PARTIES: LazyLock<String> = LazyLock::new(|| {
              SELECT m.sender_id AS id
              UNION SELECT m.recipient_id
              UNION SELECT g.recipient_id FROM messages g
-                   WHERE m.group_id IS NOT NULL AND g.thread_id = m.thread_id
-                     AND g.group_id = m.group_id) p ON m.id IS NOT NULL
+                   WHERE m.group_id IS NOT NULL AND g.group_id = m.group_id) p ON m.id IS NOT NULL
          LEFT JOIN agents a ON a.id = p.id
          ORDER BY p.id",
         caller_by_token("$1", "$2")
@@ -506,17 +505,15 @@ pub async fn thread(
     Ok(rows.iter().map(Message::from_row).collect())
 }
 
-/// `$1` message ids, `$2` their threads, `$3` their groups: the other
-/// recipients of each copy of a group send, oldest copy first. The copies
-/// share the thread and are numbered from `group_id` on
-/// (`messages_thread_cover_idx`); names by primary key.
+/// `$1` message ids, `$2` their groups: the other recipients of each copy
+/// of a group send, oldest copy first (`messages_group_idx`; names by
+/// primary key).
 const ALSO_TO: &str = "SELECT x.id, ARRAY(
          SELECT (SELECT a.name FROM agents a WHERE a.id = g.recipient_id)
          FROM messages g
-         WHERE g.thread_id = x.thread_id AND g.id >= x.group_id
-           AND g.group_id = x.group_id AND g.id <> x.id
+         WHERE g.group_id = x.group_id AND g.id <> x.id
          ORDER BY g.id) AS others
-     FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS x(id, thread_id, group_id)";
+     FROM unnest($1::bigint[], $2::bigint[]) AS x(id, group_id)";
 
 /// Fills in `also_to` of the copies of group sends among `messages` (what
 /// the hot poll leaves out). One statement, and none without such a copy.
@@ -526,14 +523,13 @@ pub async fn fill_also_to(db: &Client, messages: &mut [Message]) -> Result<(), S
         return Ok(());
     }
     let ids: Vec<i64> = copies.iter().map(|m| m.id).collect();
-    let threads: Vec<i64> = copies.iter().map(|m| m.thread_id).collect();
     let groups: Vec<Option<i64>> = copies.iter().map(|m| m.group_id).collect();
     let stmt = db.prepare_cached(ALSO_TO).await?;
-    let rows = db.query(&stmt, &[&ids, &threads, &groups]).await?;
+    let rows = db.query(&stmt, &[&ids, &groups]).await?;
     for row in rows {
         let id: i64 = row.get("id");
         if let Some(m) = messages.iter_mut().find(|m| m.id == id) {
-            m.also_to = Some(row.get("others"));
+            m.also_to = super::rows::others(row.get("others"));
         }
     }
     Ok(())

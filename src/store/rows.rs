@@ -76,7 +76,7 @@ impl Message {
             dead_at: row.get("dead_at"),
             expires_at: row.get("expires_at"),
             group_id: row.get("group_id"),
-            also_to: row.get("also_to"),
+            also_to: others(row.get("also_to")),
         }
     }
 }
@@ -150,4 +150,10 @@ impl Sent {
             delivery_count: row.get("delivery_count"),
         }
     }
+}
+
+/// A group send of which only one copy was stored (the others refused, or
+/// deleted since) names no one else: no list rather than an empty one.
+pub(super) fn others(names: Option<Vec<String>>) -> Option<Vec<String>> {
+    names.filter(|n| !n.is_empty())
 }
