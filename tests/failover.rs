@@ -746,7 +746,11 @@ async fn dead_and_silent_hosts_before_the_primary_are_passed_over() {
         alice.with(json!({"to": "alice", "body": "to self"})),
     )
     .await;
-    assert_eq!(health(&app).await.0, 200);
+    // A /health that needs a new connection spends the silent host's
+    // whole connect timeout (1 s) before reaching the primary, and /health
+    // answers within 1 s: one 503 then is its budget, not a lost host
+    // (seen once in CI). It must come back to 200.
+    health_until(&app, Duration::from_secs(10), |s, _| s == 200).await;
     app.stop().await;
     held.abort();
 }
