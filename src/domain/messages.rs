@@ -417,10 +417,10 @@ impl Phone {
             .poll_once(creds, req, call)
             .await
             .map_err(|e| taken_hint(e, req))?;
-        if matches!(req.mode, InboxMode::Read | InboxMode::Lease { .. }) {
+        let takes = matches!(req.mode, InboxMode::Read | InboxMode::Lease { .. });
+        if takes {
             self.name_the_other_recipients(&mut polled.messages).await;
         }
-        let takes = matches!(req.mode, InboxMode::Read | InboxMode::Lease { .. });
         if takes && !polled.messages.is_empty() {
             if call.gone.is_cancelled() {
                 self.store.give_back(polled);

@@ -126,7 +126,7 @@ pub fn message_columns_seen_by(recipient_name: &str, viewer: &str) -> String {
 /// The other recipients of a copy of a group send, oldest copy first
 /// (NULL for a send to one, so mail to one pays a test of `group_id`):
 /// `messages_group_idx`, each name by primary key.
-fn also_to(shown_when: &str) -> String {
+pub(super) fn also_to(shown_when: &str) -> String {
     format!(
         "CASE WHEN m.group_id IS NOT NULL AND {shown_when} THEN ARRAY(
              SELECT (SELECT a.name FROM agents a WHERE a.id = g.recipient_id)

@@ -506,14 +506,13 @@ pub async fn thread(
 }
 
 /// `$1` message ids, `$2` their groups: the other recipients of each copy
-/// of a group send, oldest copy first (`messages_group_idx`; names by
-/// primary key).
-const ALSO_TO: &str = "SELECT x.id, ARRAY(
-         SELECT (SELECT a.name FROM agents a WHERE a.id = g.recipient_id)
-         FROM messages g
-         WHERE g.group_id = x.group_id AND g.id <> x.id
-         ORDER BY g.id) AS others
-     FROM unnest($1::bigint[], $2::bigint[]) AS x(id, group_id)";
+/// of a group send, as the listings name them (`fragments::also_to`).
+static ALSO_TO: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT m.id, {} FROM unnest($1::bigint[], $2::bigint[]) AS m(id, group_id)",
+        super::fragments::also_to("true")
+    )
+});
 
 /// Fills in `also_to` of the copies of group sends among `messages` (what
 /// the hot poll leaves out). One statement, and none without such a copy.
@@ -524,12 +523,12 @@ pub async fn fill_also_to(db: &Client, messages: &mut [Message]) -> Result<(), S
     }
     let ids: Vec<i64> = copies.iter().map(|m| m.id).collect();
     let groups: Vec<Option<i64>> = copies.iter().map(|m| m.group_id).collect();
-    let stmt = db.prepare_cached(ALSO_TO).await?;
+    let stmt = db.prepare_cached(&ALSO_TO).await?;
     let rows = db.query(&stmt, &[&ids, &groups]).await?;
     for row in rows {
         let id: i64 = row.get("id");
         if let Some(m) = messages.iter_mut().find(|m| m.id == id) {
-            m.also_to = super::rows::others(row.get("others"));
+            m.also_to = super::rows::others(row.get("also_to"));
         }
     }
     Ok(())
