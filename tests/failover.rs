@@ -755,6 +755,94 @@ async fn dead_and_silent_hosts_before_the_primary_are_passed_over() {
     held.abort();
 }
 
+/// Pooled connections whose path broke while they sat idle, unnoticed
+/// until used (a restart, sessions ended from outside, a NAT that forgot
+/// them): `/health` must not call the database down for it. It asks again
+/// on a fresh connection (seen in CI: one 503 right after every session was
+/// ended, before the client noticed). A proxy in front of the suite's
+/// PostgreSQL cuts every connection made before the cut at its next write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_is_not_fooled_by_pooled_connections_that_broke_unseen() {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    };
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let db = fresh_database().await;
+    let (base, name) = db.rsplit_once('/').unwrap();
+    let pg = base.rsplit_once('@').unwrap().1.to_owned();
+    let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy_port = proxy.local_addr().unwrap().port();
+    // Connections numbered below `cut_below` die at their next write.
+    let cut_below = Arc::new(AtomicU64::new(0));
+    let cuts = Arc::new(AtomicU64::new(0));
+    let accepted = Arc::new(AtomicU64::new(0));
+    let (cut, counted, numbered) = (cut_below.clone(), cuts.clone(), accepted.clone());
+    let forwarding = tokio::spawn(async move {
+        while let Ok((mut down, _)) = proxy.accept().await {
+            let id = numbered.fetch_add(1, Ordering::SeqCst) + 1;
+            let (pg, cut, counted) = (pg.clone(), cut.clone(), counted.clone());
+            tokio::spawn(async move {
+                let Ok(mut up) = tokio::net::TcpStream::connect(&pg).await else {
+                    return;
+                };
+                let (mut down_r, mut down_w) = down.split();
+                let (mut up_r, mut up_w) = up.split();
+                let upstream = async {
+                    let mut buf = vec![0u8; 16 * 1024];
+                    loop {
+                        let Ok(k) = down_r.read(&mut buf).await else {
+                            break;
+                        };
+                        if k == 0 {
+                            break;
+                        }
+                        if id < cut.load(Ordering::SeqCst) {
+                            counted.fetch_add(1, Ordering::SeqCst);
+                            break;
+                        }
+                        if up_w.write_all(&buf[..k]).await.is_err() {
+                            break;
+                        }
+                    }
+                };
+                let downstream = async {
+                    let _ = tokio::io::copy(&mut up_r, &mut down_w).await;
+                };
+                tokio::select! {
+                    _ = upstream => {}
+                    _ = downstream => {}
+                }
+            });
+        }
+    });
+    let url = format!("postgres://postgres@127.0.0.1:{proxy_port}/{name}");
+    let app = spawn_app_on(&url, &[]).await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "alice", "body": "before the cut"})),
+    )
+    .await;
+    health_until(&app, Duration::from_secs(5), |s, _| s == 200).await;
+    // Every connection open now dies at its next write; new ones pass.
+    cut_below.store(accepted.load(Ordering::SeqCst) + 1, Ordering::SeqCst);
+    let (status, body) = health(&app).await;
+    assert!(
+        cuts.load(Ordering::SeqCst) > 0,
+        "no pooled connection was used and cut: nothing was tested"
+    );
+    assert_eq!(
+        (status, &body["database"]),
+        (200, &json!("ok")),
+        "/health called the database down for a pooled connection that broke: {body}"
+    );
+    app.stop().await;
+    forwarding.abort();
+}
+
 /// libpq's key=value form, and TLS verified against the suite's CA on every
 /// host of a multi-host URL.
 #[tokio::test]

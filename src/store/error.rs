@@ -78,17 +78,23 @@ impl StoreError {
         match self {
             Self::Unavailable(reason) => reason == STALLED || reason == READ_ONLY,
             Self::Query(e) => {
-                e.is_closed()
-                    || e.code().is_some_and(|c| {
-                        let c = c.code();
-                        c == READ_ONLY_SQL_TRANSACTION
-                            || c.starts_with("08")
-                            || ["57P01", "57P02", "57P03"].contains(&c)
-                    })
-                    || e.as_db_error().is_none() && e.code().is_none() && !is_our_mistake(e)
+                Self::is_connection_lost(e)
+                    || e.code()
+                        .is_some_and(|c| c.code() == READ_ONLY_SQL_TRANSACTION)
             }
             _ => false,
         }
+    }
+
+    /// The connection broke or its session was ended (by an administrator,
+    /// a shutdown, a restart): the connection, not the server's role.
+    pub fn is_connection_lost(e: &tokio_postgres::Error) -> bool {
+        e.is_closed()
+            || e.code().is_some_and(|c| {
+                let c = c.code();
+                c.starts_with("08") || ["57P01", "57P02", "57P03"].contains(&c)
+            })
+            || e.as_db_error().is_none() && e.code().is_none() && !is_our_mistake(e)
     }
 
     /// A deadlock or a serialization failure: the statement's transaction

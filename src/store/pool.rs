@@ -505,8 +505,21 @@ pub fn connect(config: &Settings) -> Result<Pool, StoreError> {
 /// (`failover::WRITABLE_SQL`, one round trip). A server that does not, or
 /// does not answer, also retires the pool's connections to it.
 pub async fn ping(pool: &Pool) -> Result<(), StoreError> {
+    match ping_on(&pool.get().await?).await {
+        // A pooled connection found dead (its session ended from outside, a
+        // restart, a cut path) says nothing of the database: `noticed` has
+        // retired it and every older one, so ask once more on a fresh one.
+        // Not after a stall (the second has used the budget) nor a server
+        // that refuses writes (that is the answer).
+        Err(StoreError::Query(e)) if StoreError::is_connection_lost(&e) => {
+            ping_on(&pool.get().await?).await
+        }
+        other => other,
+    }
+}
+
+async fn ping_on(client: &Client) -> Result<(), StoreError> {
     use std::sync::atomic::Ordering::Relaxed;
-    let client = pool.get().await?;
     let mut sql = if NO_WAL_MESSAGES.load(Relaxed) {
         WRITABLE_SQL_NO_WAL
     } else {
