@@ -790,10 +790,7 @@ async fn health_is_not_fooled_by_pooled_connections_that_broke_unseen() {
                 let (mut up_r, mut up_w) = up.split();
                 let upstream = async {
                     let mut buf = vec![0u8; 16 * 1024];
-                    loop {
-                        let Ok(k) = down_r.read(&mut buf).await else {
-                            break;
-                        };
+                    while let Ok(k) = down_r.read(&mut buf).await {
                         if k == 0 {
                             break;
                         }
