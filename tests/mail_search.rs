@@ -199,3 +199,173 @@ async fn search_results_are_fenced_and_queries_are_only_words() {
     }
     app.stop().await;
 }
+
+/// A big mailbox: a word in half of 20,000 messages, another in three old
+/// ones, a third in one message of 160, and mail with a second party in
+/// between. Each search returns what a plain query over the whole mailbox
+/// says it should (the best of the newest 200 matches, ranked); the common
+/// word is answered from the windows of the caller's newest mail: the
+/// search index returns at most a few thousand of its 10,000 matches
+/// (every one of them without those windows).
+#[tokio::test]
+async fn a_common_word_in_a_big_mailbox_is_answered_from_the_newest_mail() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    register(&c, "bob", "B", "p").await;
+    register(&c, "carol", "C", "p").await;
+    let db = app.db().await;
+    // In order of id: 3 old messages with "walrus", then 20,000 from bob
+    // (every other one "common", every seventh of those twice, one in 160
+    // "tulip"), some from carol among them, then alice's own replies.
+    db.batch_execute(
+        "INSERT INTO messages (sender_id, recipient_id, body, thread_id)
+         SELECT (SELECT id FROM agents WHERE name = 'bob'), (SELECT id FROM agents WHERE name = 'alice'),
+                'an old walrus note ' || g, 0
+         FROM generate_series(1, 3) g;
+         INSERT INTO messages (sender_id, recipient_id, body, thread_id)
+         SELECT (SELECT id FROM agents WHERE name = CASE WHEN g % 97 = 0 THEN 'carol' ELSE 'bob' END),
+                (SELECT id FROM agents WHERE name = 'alice'),
+                CASE WHEN g % 14 = 0 THEN 'common and common again '
+                     WHEN g % 2 = 0 THEN 'a common note '
+                     ELSE 'a plain note ' END
+                || CASE WHEN g % 160 = 0 THEN 'tulip ' ELSE '' END || g, 0
+         FROM generate_series(1, 20000) g;
+         INSERT INTO messages (sender_id, recipient_id, body, thread_id)
+         SELECT (SELECT id FROM agents WHERE name = 'alice'), (SELECT id FROM agents WHERE name = 'bob'),
+                'my common reply ' || g, 0
+         FROM generate_series(1, 50) g;
+         UPDATE messages SET thread_id = id, read_at = now() WHERE thread_id = 0;
+         ANALYZE messages;",
+    )
+    .await
+    .unwrap();
+    let expected = async |words: &str, with: Option<&str>| -> Vec<String> {
+        db.query(
+            "WITH me AS (SELECT id FROM agents WHERE name = 'alice'),
+                  newest AS (
+                      SELECT m.id, m.body, ts_rank(
+                          setweight(to_tsvector('english', coalesce(m.subject, '')), 'A') ||
+                          setweight(to_tsvector('english', m.body), 'B'),
+                          plainto_tsquery('english', $1)) AS rank
+                      FROM messages m, me
+                      WHERE (m.sender_id = me.id OR m.recipient_id = me.id)
+                        AND to_tsvector('english', coalesce(m.subject, '') || ' ' || m.body)
+                            @@ plainto_tsquery('english', $1)
+                        AND ($2::text IS NULL OR EXISTS (SELECT 1 FROM agents o
+                             WHERE o.name = $2 AND o.id IN (m.sender_id, m.recipient_id)))
+                      ORDER BY m.id DESC LIMIT 200)
+             SELECT body FROM newest ORDER BY rank DESC, id DESC LIMIT 50",
+            &[&words, &with],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+    };
+    let index_entries_read = async || -> i64 {
+        tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+        db.batch_execute("SELECT pg_stat_clear_snapshot()")
+            .await
+            .unwrap();
+        db.query_one(
+            "SELECT idx_tup_read FROM pg_stat_user_indexes
+             WHERE indexrelname = 'messages_search_window_idx'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+    };
+    for (query, words, with) in [
+        ("common", "common", None),
+        ("walrus", "walrus", None),
+        ("tulip", "tulip", None),
+        ("common with:carol", "common", Some("carol")),
+        ("note common", "note common", None),
+    ] {
+        let found = ok(
+            &c,
+            "phone_inbox",
+            alice.with(json!({"query": query, "limit": 50})),
+        )
+        .await;
+        let want = expected(words, with).await;
+        assert!(!want.is_empty(), "{query}: nothing to find");
+        assert_eq!(bodies(&found), want, "{query}");
+    }
+    // Statistics reach the shared counters when a backend goes idle, at
+    // most once a second.
+    let matches: i64 = db
+        .query_one(
+            "SELECT count(*) FROM messages
+             WHERE to_tsvector('english', body) @@ plainto_tsquery('english', 'common')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let before = index_entries_read().await;
+    ok(
+        &c,
+        "phone_inbox",
+        alice.with(json!({"query": "common", "limit": 50})),
+    )
+    .await;
+    let read = index_entries_read().await - before;
+    eprintln!("common: {read} index entries read, {matches} matches");
+    assert!(
+        read < matches,
+        "the search index returned {read} entries to find 50 of the newest 200 of {matches} matches"
+    );
+    app.stop().await;
+}
+
+/// A listing of 20 messages counts the caller's unread mail once, not once
+/// per message listed (it was a sub-select of the listing's columns: 20
+/// counts of a backlog, most of a search's time in `make bench`).
+#[tokio::test]
+async fn a_listing_counts_the_unread_mail_once() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let bob = register(&c, "bob", "B", "p").await;
+    for i in 0..30 {
+        ok(
+            &c,
+            "phone_send",
+            bob.with(json!({"to": "alice", "body": format!("note {i}")})),
+        )
+        .await;
+    }
+    let db = app.db().await;
+    let unread_index_scans = async || -> i64 {
+        tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+        db.batch_execute("SELECT pg_stat_clear_snapshot()")
+            .await
+            .unwrap();
+        db.query_one(
+            "SELECT idx_scan FROM pg_stat_user_indexes WHERE indexrelname = 'messages_unread_idx'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+    };
+    for args in [
+        json!({"query": "note", "limit": 20}),
+        json!({"include_read": true, "limit": 20}),
+    ] {
+        let before = unread_index_scans().await;
+        let listed = ok(&c, "phone_inbox", alice.with(args.clone())).await;
+        assert_eq!(bodies(&listed).len(), 20, "{args}: {listed}");
+        let scans = unread_index_scans().await - before;
+        eprintln!("{args}: {scans} scans of the unread index");
+        assert!(
+            scans <= 2,
+            "{args}: {scans} scans of the unread index to list 20 messages"
+        );
+    }
+    app.stop().await;
+}

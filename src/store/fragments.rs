@@ -56,12 +56,16 @@ pub fn available_to(recipient: &str) -> String {
     )
 }
 
-/// A message's words and parties as `messages_search_idx` indexes them
-/// (migration V13, character for character): a tsvector of `messages m`.
+/// A message's words and parties as `messages_search_window_idx` indexes
+/// them (migration V16, character for character): a tsvector of `messages
+/// m`. Each party twice: `'p <id>'`, and `'p <id> <message id >> 12>'` (its
+/// mail by id window; `mail_search`).
 pub const MESSAGE_SEARCH: &str = "(
     setweight(to_tsvector('english'::regconfig, coalesce(m.subject, '')), 'A') ||
     setweight(to_tsvector('english'::regconfig, m.body), 'B') ||
-    array_to_tsvector(ARRAY['p ' || m.sender_id, 'p ' || m.recipient_id]))";
+    array_to_tsvector(ARRAY['p ' || m.sender_id, 'p ' || m.recipient_id,
+                            'p ' || m.sender_id || ' ' || (m.id >> 12),
+                            'p ' || m.recipient_id || ' ' || (m.id >> 12)]))";
 
 /// The order an inbox is read in (`messages m`). The unread counts order by
 /// it too, so that no plan counts with a sequential scan (a generic plan

