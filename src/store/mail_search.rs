@@ -35,29 +35,42 @@ pub struct MailQuery<'a> {
 /// V16), so `messages_search_window_idx` yields only its messages, and every
 /// row is checked to be sent or received by it.
 ///
-/// The best of the newest [`SEARCH_CANDIDATES`] matches, found in two
-/// steps. `recent`: the matches within the id windows (4,096 ids each) that
-/// hold the caller's newest [`RECENT_WINDOW`] messages, at most
-/// [`RECENT_WINDOWS`] of them: short posting lists, whatever the mailbox's
-/// size. When they hold enough matches, the newest overall are among them
-/// (the windows hold every one of the caller's messages from the oldest
-/// window's start on). Otherwise the whole mailbox is asked (`matched`'s
-/// second part, not run at all in the first case); its matches are then
-/// few. Without the first step a word in a fifth of a 100k mailbox fetched
-/// all its 27k matches from the table (137 ms at p99 in `make bench`).
+/// The best of the newest [`SEARCH_CANDIDATES`] matches, asked for in up to
+/// three steps, each only when the one before found too few: `near`, the id
+/// windows (4,096 ids each) that hold the caller's newest [`NEWEST`]
+/// messages; `wider`, eight times as many ids; then the whole mailbox. Each
+/// step holds every one of the caller's messages from its oldest window's
+/// start on, so once one has enough matches the newest of all are among
+/// them. A window's posting list holds one agent's messages only, so the
+/// first steps cost what the caller's newest mail holds, whatever the size
+/// of the mailbox; the last is asked only for words whose matches are few,
+/// and a GIN index intersects those cheaply. Asked at once, a word in a
+/// fifth of a 100k mailbox fetched all its 27k matches from the table (137
+/// ms at p99 in `make bench`).
 ///
 /// Ranking reads each candidate's text again (the index is on an
 /// expression), so only the candidates are ranked. The matches are CTEs of
 /// their own without an order, so no plan can look for them by walking the
 /// primary key backwards and parsing every body.
 static SEARCH: LazyLock<String> = LazyLock::new(|| {
-    let filters = "(m.sender_id = me.id OR m.recipient_id = me.id) IS TRUE
+    let filters = "(SELECT numnode(words) > 0 FROM q)
+                    -- `IS TRUE` keeps the planner from ANDing the sender and
+                    -- inbox indexes (a whole mailbox) into the GIN scan.
+                    AND (m.sender_id = me.id OR m.recipient_id = me.id) IS TRUE
                     AND ($4::text IS NULL OR EXISTS (
                             SELECT 1 FROM agents o
                             WHERE o.name = $4::text AND o.id IN (m.sender_id, m.recipient_id)
                               AND o.id <> me.id))
                     AND ($5::bigint IS NULL OR m.thread_id = $5::bigint)
                     AND ($6::timestamptz IS NULL OR m.sent_at >= $6::timestamptz)";
+    let windows = |from: &str| {
+        format!(
+            "plainto_tsquery('english', $3) && (
+                 SELECT string_agg(format('''p %s %s''', me.id, w), ' | ')::tsquery
+                 FROM span, generate_series({from}, span.last) w)"
+        )
+    };
+    let enough = SEARCH_CANDIDATES;
     format!(
         "WITH me AS (SELECT id, name, last_seen_at FROM agents WHERE {caller}),
               touched AS ({touch}),
@@ -65,36 +78,34 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
                   SELECT id FROM (
                       (SELECT m.id FROM messages m
                        WHERE m.recipient_id = (SELECT id FROM me)
-                       ORDER BY m.recipient_id DESC, m.id DESC LIMIT {RECENT_WINDOW})
+                       ORDER BY m.recipient_id DESC, m.id DESC LIMIT {NEWEST})
                       UNION ALL
                       (SELECT m.id FROM messages m
                        WHERE m.sender_id = (SELECT id FROM me)
-                       ORDER BY m.sender_id DESC, m.id DESC LIMIT {RECENT_WINDOW})) n
-                  ORDER BY id DESC LIMIT {RECENT_WINDOW}),
+                       ORDER BY m.sender_id DESC, m.id DESC LIMIT {NEWEST})) n
+                  ORDER BY id DESC LIMIT {NEWEST}),
+              span AS (SELECT max(id) >> 12 AS last, min(id) >> 12 AS first FROM newest),
               q AS (SELECT plainto_tsquery('english', $3) AS words,
                            plainto_tsquery('english', $3) && ('''p ' || me.id || '''')::tsquery AS mine,
-                           plainto_tsquery('english', $3) && (
-                               SELECT string_agg(format('''p %s %s''', me.id, w), ' | ')::tsquery
-                               FROM (SELECT max(id) >> 12 AS last, min(id) >> 12 AS first FROM newest) s,
-                                    generate_series(greatest(s.first, s.last - {windows_before}), s.last) w
-                           ) AS recent
+                           {near} AS near,
+                           {wider} AS wider
                     FROM me),
-              -- `IS TRUE` in the filters keeps the planner from ANDing the
-              -- sender and inbox indexes (a whole mailbox) into the GIN scan.
-              recent AS MATERIALIZED (
+              near AS MATERIALIZED (
                   SELECT m.id FROM messages m, me
-                  WHERE {MESSAGE_SEARCH} @@ (SELECT recent FROM q)
-                    AND (SELECT numnode(words) > 0 FROM q)
-                    AND {filters}),
+                  WHERE {MESSAGE_SEARCH} @@ (SELECT near FROM q) AND {filters}),
+              wider AS MATERIALIZED (
+                  SELECT m.id FROM messages m, me
+                  WHERE (SELECT count(*) FROM near) < {enough}
+                    AND {MESSAGE_SEARCH} @@ (SELECT wider FROM q) AND {filters}),
               matched AS MATERIALIZED (
-                  SELECT id FROM recent
-                  WHERE (SELECT count(*) FROM recent) >= {SEARCH_CANDIDATES}
+                  SELECT id FROM near WHERE (SELECT count(*) FROM near) >= {enough}
+                  UNION ALL
+                  SELECT id FROM wider WHERE (SELECT count(*) FROM wider) >= {enough}
                   UNION ALL
                   SELECT m.id FROM messages m, me
-                  WHERE (SELECT count(*) FROM recent) < {SEARCH_CANDIDATES}
-                    AND {MESSAGE_SEARCH} @@ (SELECT mine FROM q)
-                    AND (SELECT numnode(words) > 0 FROM q)
-                    AND {filters}),
+                  WHERE (SELECT count(*) FROM near) < {enough}
+                    AND (SELECT count(*) FROM wider) < {enough}
+                    AND {MESSAGE_SEARCH} @@ (SELECT mine FROM q) AND {filters}),
               ranked AS MATERIALIZED (
                   SELECT m.*, ts_rank({MESSAGE_SEARCH}, q.words) AS rank
                   FROM messages m, q
@@ -111,24 +122,32 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
          ORDER BY m.rank DESC, m.id DESC",
         caller = caller_by_token("$1", "$2"),
         touch = presence_write("SELECT id, last_seen_at FROM me"),
+        near = windows(&format!(
+            "greatest(span.first, span.last - {})",
+            NEAR_WINDOWS_MAX - 1
+        )),
+        wider = windows(&format!(
+            "greatest(span.last - 8 * (span.last - span.first + 1) + 1, span.last - {})",
+            WIDER_WINDOWS_MAX - 1
+        )),
         columns = message_columns_seen_by("r.name", "me.id"),
         waiting = count_waiting("$9"),
-        windows_before = RECENT_WINDOWS - 1,
     )
 });
 
-/// The caller's newest messages whose id windows a search asks first.
-const RECENT_WINDOW: i64 = 4_000;
-/// At most this many id windows (4,096 ids each) in that first step: an
-/// agent whose newest messages span more (a small share of all the mail)
-/// has its newest windows asked, a few short lists still.
-const RECENT_WINDOWS: i64 = 32;
+/// The caller's newest messages, whose id windows a search asks first.
+const NEWEST: i64 = 2_000;
+/// At most this many windows in the first step, and in the second: an
+/// agent whose newest mail spans more (a small share of all the mail) has
+/// its newest windows asked, a few short lists still.
+const NEAR_WINDOWS_MAX: i64 = 32;
+const WIDER_WINDOWS_MAX: i64 = 64;
 
 /// Matches ranked per search, newest first: a search finds the best of
-/// one's newest 200 messages with all its words. Ranking parses each body
-/// again: 500 took ~8 ms of a 21 ms search for a word in 5,485 of a 20,000
-/// message mailbox (EXPLAIN ANALYZE on the bench's teams database).
-pub const SEARCH_CANDIDATES: i64 = 200;
+/// one's newest 100 matches. Ranking parses each body again (~15 µs each
+/// on the benchmark's machine), and each step of the search must find this
+/// many before the next is spared.
+pub const SEARCH_CANDIDATES: i64 = 100;
 
 /// `None` in `me_id` when the credentials are not accepted.
 pub async fn search(

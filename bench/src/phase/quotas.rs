@@ -23,6 +23,10 @@ use crate::report::Report;
 
 pub(crate) const DB_QUOTAS: &str = "phone_bench_quotas";
 pub(crate) const DB_BEFORE: &str = "phone_bench_before";
+/// This build's database in `before`: each build on a schema of its own
+/// (a migration that changes what every send writes, such as an index,
+/// is part of what is compared).
+pub(crate) const DB_AFTER: &str = "phone_bench_after";
 /// Every quota the server has, off.
 const OFF: [(&str, &str); 4] = [
     ("PHONE_SEND_QUOTA_PER_HOUR", "0"),
@@ -128,20 +132,34 @@ async fn versus(
     before: Option<&std::path::Path>,
     shapes: &[usize],
 ) -> Result<QuotaReport, String> {
-    let (database, port, names) = match before {
-        None => (DB_QUOTAS, opts.base_port + 70, ["quotas-off", "quotas-on"]),
-        Some(_) => (DB_BEFORE, opts.base_port + 72, ["before", "after"]),
+    let (databases, port, names) = match before {
+        None => (
+            [DB_QUOTAS, DB_QUOTAS],
+            opts.base_port + 70,
+            ["quotas-off", "quotas-on"],
+        ),
+        Some(_) => (
+            [DB_BEFORE, DB_AFTER],
+            opts.base_port + 72,
+            ["before", "after"],
+        ),
     };
-    db::recreate_database(admin, database).await?;
-    let qdb = db::connect(&pg_url(opts, database)).await?;
+    let shared = databases[0] == databases[1];
+    let mut qdbs = Vec::new();
+    for (i, database) in databases.iter().enumerate() {
+        if i == 0 || !shared {
+            db::recreate_database(admin, database).await?;
+        }
+        qdbs.push(db::connect(&pg_url(opts, database)).await?);
+    }
     let (env_a, bin_a): (&[(&str, &str)], _) = match before {
         None => (&OFF, None),
         Some(bin) => (&[], Some(bin)),
     };
-    // The older build first: it migrates the database to its schema, the
-    // newer one then adds its own migrations.
-    let a = start_replicas_bin(opts, database, 1, port, names[0], env_a, bin_a).await?;
-    let b = start_replicas_bin(opts, database, 1, port + 1, names[1], &[], None).await?;
+    // On one database the older build first: it migrates it to its schema,
+    // the newer one then adds its own migrations.
+    let a = start_replicas_bin(opts, databases[0], 1, port, names[0], env_a, bin_a).await?;
+    let b = start_replicas_bin(opts, databases[1], 1, port + 1, names[1], &[], None).await?;
     let mut out = QuotaReport {
         before: before.map(|p| p.display().to_string()),
         ..QuotaReport::default()
@@ -150,7 +168,12 @@ async fn versus(
         let agent_names: Vec<String> = (0..n)
             .map(|i| format!("{}-c{n}-{i:03}", names[0]))
             .collect();
-        let agents = load::register(&targets(&a)[0], &agent_names, "bench").await?;
+        let agents_a = load::register(&targets(&a)[0], &agent_names, "bench").await?;
+        let agents_b = if shared {
+            agents_a.clone()
+        } else {
+            load::register(&targets(&b)[0], &agent_names, "bench").await?
+        };
         for round in 1..=mode.ab_rounds {
             // Alternate which kind goes first, so that neither always runs
             // on the warmer (or busier) side of a round.
@@ -161,14 +184,19 @@ async fn versus(
             };
             for second in order {
                 let tg = targets(if second { &b } else { &a });
-                db::settle(&qdb).await?;
-                db::each(&qdb, &["CHECKPOINT"]).await?;
+                let (qdb, agents) = if second {
+                    (&qdbs[1], &agents_b)
+                } else {
+                    (&qdbs[0], &agents_a)
+                };
+                db::settle(qdb).await?;
+                db::each(qdb, &["CHECKPOINT"]).await?;
                 let start = tokio::time::Instant::now();
                 let wall0 = chrono::Utc::now();
-                let o = load::mix(&tg, &agents, start, mode.warmup, mode.measure).await;
+                let o = load::mix(&tg, agents, start, mode.warmup, mode.measure).await;
                 let from = wall0 + chrono::Duration::from_std(mode.warmup).unwrap();
                 let to = from + chrono::Duration::from_std(mode.measure).unwrap();
-                let (sent, _) = db::count_window(&qdb, &agent_names, from, to).await?;
+                let (sent, _) = db::count_window(qdb, &agent_names, from, to).await?;
                 let send = o.send.summary();
                 let run = QuotaRun {
                     quotas_on: second,
@@ -235,7 +263,7 @@ pub(crate) fn section(w: &mut String, r: &QuotaReport, mode: &Mode) {
             "two replicas of the same build on one database (`{DB_QUOTAS}`): one with every quota off (`PHONE_SEND_QUOTA_PER_HOUR`, `PHONE_NEW_RECIPIENT_QUOTA_PER_DAY`, `PHONE_INBOX_UNREAD_MAX`, `PHONE_INBOX_UNREAD_PER_SENDER` = 0), one with the defaults (1,000 sends an hour, 100 new recipients a day, 10,000 unread per inbox, 500 per sender: none reached here)"
         ),
         Some(_) => format!(
-            "a replica of the older build (`PHONE_BENCH_BEFORE`) and one of this build, both with the defaults, on one database (`{DB_BEFORE}`; the older one migrated it first)"
+            "a replica of the older build (`PHONE_BENCH_BEFORE`) and one of this build, both with the defaults, each on a database of its own migrated by it (`{DB_BEFORE}`, `{DB_AFTER}`: a schema change is part of what is compared)"
         ),
     };
     let _ = writeln!(
