@@ -136,7 +136,7 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// The caller's newest messages, whose id windows a search asks first.
-const NEWEST: i64 = 2_000;
+const NEWEST: i64 = 1_000;
 /// At most this many windows in the first step, and in the second: an
 /// agent whose newest mail spans more (a small share of all the mail) has
 /// its newest windows asked, a few short lists still.
