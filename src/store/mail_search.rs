@@ -6,7 +6,8 @@ use std::sync::LazyLock;
 use chrono::{DateTime, Utc};
 
 use super::fragments::{
-    MESSAGE_SEARCH, SENDER_LOOKUP, caller_by_token, message_columns_seen_by, presence_write,
+    MESSAGE_SEARCH, MESSAGE_WORDS, SENDER_LOOKUP, caller_by_token, message_columns_seen_by,
+    presence_write,
 };
 use super::messages::{Polled, count_waiting};
 use super::{Client, StoreError};
@@ -116,7 +117,7 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
                   WHERE {gate}
                     AND {MESSAGE_SEARCH} @@ (SELECT mine FROM q) AND {filters}),
               ranked AS MATERIALIZED (
-                  SELECT m.*, ts_rank({MESSAGE_SEARCH}, q.words) AS rank
+                  SELECT m.*, ts_rank({MESSAGE_WORDS}, q.words) AS rank
                   FROM messages m, q
                   WHERE m.id = ANY (ARRAY(
                       SELECT id FROM matched ORDER BY id DESC LIMIT {SEARCH_CANDIDATES}))

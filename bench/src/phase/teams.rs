@@ -392,9 +392,9 @@ pub(crate) fn section(w: &mut String, x: &TeamsReport) {
          (one or two words): {:.0} searches/s, p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms. Errors: {}. \
          Each body also carries a reference (`ref` and its id modulo {REFERENCES}); searched for \
          one, alone or with a word: {:.0} searches/s, p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms. \
-         Errors: {}. A search asks the id windows of the searcher's newest mail first, then \
-         eight times as many ids, then the whole mailbox, until one step holds the newest 100 \
-         matches (the server's `SEARCH_CANDIDATES`), which are then ranked.",
+         Errors: {}. A search asks the searcher's newest 1, 2, 4 and 8 id windows (4,096 ids \
+         each), then the whole mailbox, until one step holds 100 matches (the server's \
+         `SEARCH_CANDIDATES`): the newest 100, which are then ranked.",
         x.total_messages,
         x.seed_secs,
         x.mailbox,
