@@ -370,3 +370,41 @@ async fn a_listing_counts_the_unread_mail_once() {
     }
     app.stop().await;
 }
+
+/// Migration V16 on a database where an operator's `CREATE INDEX
+/// CONCURRENTLY` of the new search index failed: the invalid index it left
+/// is built again, not taken for done while the old index is dropped
+/// (search would then scan the whole table).
+#[tokio::test]
+async fn the_search_index_migration_rebuilds_an_invalid_index_of_its_name() {
+    let app = spawn_app().await;
+    let db = app.db().await;
+    // As a failed concurrent build leaves it: the name taken, not valid.
+    db.batch_execute(
+        "DROP INDEX messages_search_window_idx;
+         CREATE INDEX messages_search_window_idx ON messages (id);
+         UPDATE pg_index SET indisvalid = false
+         WHERE indexrelid = 'messages_search_window_idx'::regclass;
+         CREATE INDEX messages_search_idx ON messages (sender_id);",
+    )
+    .await
+    .unwrap();
+    db.batch_execute(include_str!("../migrations/V16__search_window.sql"))
+        .await
+        .unwrap();
+    let row = db
+        .query_one(
+            "SELECT i.indisvalid, pg_get_indexdef(i.indexrelid),
+                    to_regclass('messages_search_idx') IS NULL
+             FROM pg_index i WHERE i.indexrelid = 'messages_search_window_idx'::regclass",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (valid, definition, old_dropped): (bool, String, bool) =
+        (row.get(0), row.get(1), row.get(2));
+    assert!(valid, "{definition}");
+    assert!(definition.contains("USING gin"), "{definition}");
+    assert!(old_dropped);
+    app.stop().await;
+}
