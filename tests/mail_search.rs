@@ -405,6 +405,11 @@ async fn the_search_index_migration_rebuilds_an_invalid_index_of_its_name() {
         (row.get(0), row.get(1), row.get(2));
     assert!(valid, "{definition}");
     assert!(definition.contains("USING gin"), "{definition}");
+    // Searches read the pending list of new entries whole: kept short.
+    assert!(
+        definition.contains("gin_pending_list_limit='64'"),
+        "{definition}"
+    );
     assert!(old_dropped);
     app.stop().await;
 }
