@@ -200,14 +200,13 @@ async fn search_results_are_fenced_and_queries_are_only_words() {
     app.stop().await;
 }
 
-/// A big mailbox: a word in half of 20,000 messages, another in three old
-/// ones, a third in one message of 160, and mail with a second party in
-/// between. Each search returns what a plain query over the whole mailbox
-/// says it should (the best of the newest 100 matches, ranked), whichever
-/// step of the search finds them (the windows of the caller's newest mail,
-/// eight times as many, the whole mailbox); the common word is answered
-/// from the first: the search index returns a few thousand of its 10,000
-/// matches at most (every one of them without those windows).
+/// A big mailbox, words of every density: each search returns what a
+/// plain query over the whole mailbox says it should (the best of the
+/// newest 100 matches, ranked), whichever step of the search finds them
+/// (the caller's newest 1, 2, 4, 8 id windows, the whole mailbox); the
+/// common word is answered from the windows: the search index returns
+/// fewer entries than the word has matches (every one of them, and more,
+/// without the windows).
 #[tokio::test]
 async fn a_common_word_in_a_big_mailbox_is_answered_from_the_newest_mail() {
     let app = spawn_app().await;
@@ -216,11 +215,18 @@ async fn a_common_word_in_a_big_mailbox_is_answered_from_the_newest_mail() {
     register(&c, "bob", "B", "p").await;
     register(&c, "carol", "C", "p").await;
     let db = app.db().await;
-    // In order of id: 3 old messages with "walrus", then 20,000 from bob
-    // (every other one "common", every seventh of those twice, one in 160
-    // "tulip"), some from carol among them, then alice's own replies.
+    // In order of id, from the start of an id window (w0; 4,096 ids each):
+    // 3 old messages with "walrus"; 20,000 from bob (w0-w4: every other one
+    // "common", every seventh of those twice, one in 20 "medium", one in 150
+    // "tulip", some from carol); 5,000 between bob and carol, every tenth to
+    // alice instead ("sprinkle", w4-w6); 4,000 between others; then alice's
+    // own replies, her newest messages, alone in w7. The words' newest
+    // matches lie in different steps of the search, and a step that left
+    // out a window, or a newest window taken from received mail only,
+    // changes some result.
     db.batch_execute(
-        "INSERT INTO messages (sender_id, recipient_id, body, thread_id)
+        "SELECT setval('messages_id_seq', ((SELECT last_value FROM messages_id_seq) >> 12 << 12) + 4095);
+         INSERT INTO messages (sender_id, recipient_id, body, thread_id)
          SELECT (SELECT id FROM agents WHERE name = 'bob'), (SELECT id FROM agents WHERE name = 'alice'),
                 'an old walrus note ' || g, 0
          FROM generate_series(1, 3) g;
@@ -230,8 +236,18 @@ async fn a_common_word_in_a_big_mailbox_is_answered_from_the_newest_mail() {
                 CASE WHEN g % 14 = 0 THEN 'common and common again '
                      WHEN g % 2 = 0 THEN 'a common note '
                      ELSE 'a plain note ' END
-                || CASE WHEN g % 160 = 0 THEN 'tulip ' ELSE '' END || g, 0
+                || CASE WHEN g % 20 = 1 THEN 'medium ' ELSE '' END
+                || CASE WHEN g % 150 = 0 THEN 'tulip ' ELSE '' END || g, 0
          FROM generate_series(1, 20000) g;
+         INSERT INTO messages (sender_id, recipient_id, body, thread_id)
+         SELECT (SELECT id FROM agents WHERE name = 'bob'),
+                (SELECT id FROM agents WHERE name = CASE WHEN g % 10 = 0 THEN 'alice' ELSE 'carol' END),
+                'a sprinkle of medium ' || g, 0
+         FROM generate_series(1, 5000) g;
+         INSERT INTO messages (sender_id, recipient_id, body, thread_id)
+         SELECT (SELECT id FROM agents WHERE name = 'carol'), (SELECT id FROM agents WHERE name = 'bob'),
+                'between others ' || g, 0
+         FROM generate_series(1, 4000) g;
          INSERT INTO messages (sender_id, recipient_id, body, thread_id)
          SELECT (SELECT id FROM agents WHERE name = 'alice'), (SELECT id FROM agents WHERE name = 'bob'),
                 'my common reply ' || g, 0
@@ -256,7 +272,7 @@ async fn a_common_word_in_a_big_mailbox_is_answered_from_the_newest_mail() {
                         AND ($2::text IS NULL OR EXISTS (SELECT 1 FROM agents o
                              WHERE o.name = $2 AND o.id IN (m.sender_id, m.recipient_id)))
                       ORDER BY m.id DESC LIMIT 100)
-             SELECT body FROM newest ORDER BY rank DESC, id DESC LIMIT 50",
+             SELECT body FROM newest ORDER BY rank DESC, id DESC",
             &[&words, &with],
         )
         .await
@@ -283,18 +299,32 @@ async fn a_common_word_in_a_big_mailbox_is_answered_from_the_newest_mail() {
         ("common", "common", None),
         ("walrus", "walrus", None),
         ("tulip", "tulip", None),
+        ("medium", "medium", None),
+        ("sprinkle", "sprinkle", None),
+        ("medium note", "medium note", None),
         ("common with:carol", "common", Some("carol")),
         ("note common", "note common", None),
     ] {
-        let found = ok(
+        // Every candidate, in two pages.
+        let first = ok(
             &c,
             "phone_inbox",
             alice.with(json!({"query": query, "limit": 50})),
         )
         .await;
+        let mut found = bodies(&first);
+        if let Some(cursor) = first["next_cursor"].as_str() {
+            let second = ok(
+                &c,
+                "phone_inbox",
+                alice.with(json!({"query": query, "limit": 50, "cursor": cursor})),
+            )
+            .await;
+            found.extend(bodies(&second));
+        }
         let want = expected(words, with).await;
         assert!(!want.is_empty(), "{query}: nothing to find");
-        assert_eq!(bodies(&found), want, "{query}");
+        assert_eq!(found, want, "{query}");
     }
     // Statistics reach the shared counters when a backend goes idle, at
     // most once a second.
