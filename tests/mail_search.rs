@@ -350,6 +350,21 @@ async fn a_common_word_in_a_big_mailbox_is_answered_from_the_newest_mail() {
         read < matches,
         "the search index returned {read} entries to find 50 of the newest 100 of {matches} matches"
     );
+    // `with:` is asked of the index too (the other party's lexeme), not
+    // checked row by row over every match of the words.
+    let before = index_entries_read().await;
+    ok(
+        &c,
+        "phone_inbox",
+        alice.with(json!({"query": "common with:carol", "limit": 50})),
+    )
+    .await;
+    let read = index_entries_read().await - before;
+    eprintln!("common with:carol: {read} index entries read");
+    assert!(
+        read < 1_000,
+        "the search index returned {read} entries for the ~100 messages with carol"
+    );
     app.stop().await;
 }
 

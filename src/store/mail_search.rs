@@ -85,9 +85,9 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
                  SELECT m.id FROM messages m, me
                  WHERE {gate}
                    AND {MESSAGE_SEARCH} @@ (
-                       SELECT q.words && string_agg(format('''p %s %s''', me.id, w), ' | ')::tsquery
+                       SELECT q.wanted && string_agg(format('''p %s %s''', me.id, w), ' | ')::tsquery
                        FROM q, me, last, generate_series(last.window - {before}, last.window) w
-                       GROUP BY q.words)
+                       GROUP BY q.wanted)
                    AND {filters}),\n",
             gate = too_few_before(k),
             before = width - 1,
@@ -106,9 +106,20 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
                       (SELECT max(m.id) FROM messages m WHERE m.recipient_id = me.id),
                       (SELECT max(m.id) FROM messages m WHERE m.sender_id = me.id)) >> 12 AS window
                   FROM me),
-              q AS (SELECT plainto_tsquery('english', $3) AS words,
-                           plainto_tsquery('english', $3) && ('''p ' || me.id || '''')::tsquery AS mine
-                    FROM me),
+              -- The words, and what the index is asked: the words and, with
+              -- `with:`, the other party's lexeme (any agent that held the
+              -- name), so that the index keeps the mail between the two
+              -- (the per-row check remains).
+              q0 AS (SELECT plainto_tsquery('english', $3) AS words,
+                            CASE WHEN $4::text IS NULL THEN plainto_tsquery('english', $3)
+                                 ELSE plainto_tsquery('english', $3) && (
+                                     SELECT string_agg(format('''p %s''', o.id), ' | ')::tsquery
+                                     FROM agents o WHERE o.name = $4::text AND o.id <> me.id)
+                            END AS wanted
+                     FROM me),
+              q AS (SELECT words, wanted,
+                           wanted && ('''p ' || me.id || '''')::tsquery AS mine
+                    FROM q0, me),
               {steps}
               matched AS MATERIALIZED (
                   {picked}
