@@ -814,29 +814,34 @@ async fn health_is_not_fooled_by_pooled_connections_that_broke_unseen() {
         }
     });
     let url = format!("postgres://postgres@127.0.0.1:{proxy_port}/{name}");
-    let app = spawn_app_on(&url, &[]).await;
-    let c = app.client().await;
-    let alice = register(&c, "alice", "A", "p").await;
-    ok(
-        &c,
-        "phone_send",
-        alice.with(json!({"to": "alice", "body": "before the cut"})),
-    )
-    .await;
-    health_until(&app, Duration::from_secs(5), |s, _| s == 200).await;
-    // Every connection open now dies at its next write; new ones pass.
-    cut_below.store(accepted.load(Ordering::SeqCst) + 1, Ordering::SeqCst);
-    let (status, body) = health(&app).await;
-    assert!(
-        cuts.load(Ordering::SeqCst) > 0,
-        "no pooled connection was used and cut: nothing was tested"
-    );
-    assert_eq!(
-        (status, &body["database"]),
-        (200, &json!("ok")),
-        "/health called the database down for a pooled connection that broke: {body}"
-    );
-    app.stop().await;
+    // Also with a pool of one: the broken connection must be given back
+    // before a fresh one is asked for.
+    for pool in ["10", "1"] {
+        let app = spawn_app_on(&url, &[("PHONE_POOL_SIZE", pool)]).await;
+        let c = app.client().await;
+        let me = register(&c, &format!("alice-{pool}"), "A", "p").await;
+        ok(
+            &c,
+            "phone_send",
+            me.with(json!({"to": me.name, "body": "before the cut"})),
+        )
+        .await;
+        health_until(&app, Duration::from_secs(5), |s, _| s == 200).await;
+        // Every connection open now dies at its next write; new ones pass.
+        let cut_before = cuts.load(Ordering::SeqCst);
+        cut_below.store(accepted.load(Ordering::SeqCst) + 1, Ordering::SeqCst);
+        let (status, body) = health(&app).await;
+        assert!(
+            cuts.load(Ordering::SeqCst) > cut_before,
+            "pool {pool}: no pooled connection was used and cut: nothing was tested"
+        );
+        assert_eq!(
+            (status, &body["database"]),
+            (200, &json!("ok")),
+            "pool {pool}: /health called the database down for a pooled connection that broke: {body}"
+        );
+        app.stop().await;
+    }
     forwarding.abort();
 }
 

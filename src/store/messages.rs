@@ -173,8 +173,8 @@ pub enum Look {
     History,
 }
 
-/// The unread count of a poll: at most `limit` (limit + cap) of the
-/// caller's available messages, in index order. A CTE of its own, joined
+/// The unread count of a listing: at most `limit` (an SQL expression: the
+/// cap, or limit + cap) of the caller's available messages, in index order. A CTE of its own, joined
 /// once: as a sub-select of the listing's columns it was counted again for
 /// every message listed (20 counts of a 4,000-message backlog: 92 of a
 /// search's 104 ms).

@@ -505,7 +505,10 @@ pub fn connect(config: &Settings) -> Result<Pool, StoreError> {
 /// (`failover::WRITABLE_SQL`, one round trip). A server that does not, or
 /// does not answer, also retires the pool's connections to it.
 pub async fn ping(pool: &Pool) -> Result<(), StoreError> {
-    match ping_on(&pool.get().await?).await {
+    // Its own statement: the first connection goes back (or is closed)
+    // before the second is asked for, so a pool of one can answer too.
+    let first = ping_on(&pool.get().await?).await;
+    match first {
         // A pooled connection found dead (its session ended from outside, a
         // restart, a cut path) says nothing of the database: `noticed` has
         // retired it and every older one, so ask once more on a fresh one.
