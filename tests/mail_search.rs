@@ -165,6 +165,103 @@ async fn an_agent_finds_its_own_mail_and_only_its_own() {
     two.stop().await;
 }
 
+/// A group send is one result for its sender, naming the other
+/// recipients, however many copies it stored; each recipient finds its own
+/// copy. Counted per copy, 35 sends to three fill the newest 100 matches
+/// and the older message to bob is never found (whether the search's steps
+/// or its ranking count copies); each page repeats one message three times.
+#[tokio::test]
+async fn a_group_send_is_one_search_result_for_its_sender() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let bob = register(&c, "bob", "B", "p").await;
+    register(&c, "carol", "C", "p").await;
+    register(&c, "dave", "D", "p").await;
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "bob", "body": "The budget for the offsite, alone."})),
+    )
+    .await;
+    // The group sends begin a new id window (the search asks the newest
+    // first): counted per copy, that window alone holds more than 100
+    // matches and the search looks no further.
+    app.db()
+        .await
+        .batch_execute(
+            "SELECT setval('messages_id_seq', ((SELECT last_value FROM messages_id_seq) >> 12 << 12) + 4095)",
+        )
+        .await
+        .unwrap();
+    for round in 1..=35 {
+        ok(
+            &c,
+            "phone_send",
+            alice.with(json!({"to": ["bob", "carol", "dave"], "body": format!("Budget review, round {round}.")})),
+        )
+        .await;
+    }
+    let found = ok(
+        &c,
+        "phone_inbox",
+        alice.with(json!({"query": "budget", "limit": 50})),
+    )
+    .await;
+    let mut got = bodies(&found);
+    assert_eq!(got.len(), 36, "{found}");
+    got.sort();
+    got.dedup();
+    assert_eq!(got.len(), 36, "each group send once: {found}");
+    assert!(
+        got.iter().any(|b| b.contains("offsite")),
+        "older mail is not crowded out: {found}"
+    );
+    for m in found["messages"].as_array().unwrap() {
+        if m["body"].as_str().unwrap().contains("round") {
+            assert_eq!(m["to"], "bob", "{m}");
+            assert_eq!(m["also_to"], json!(["carol", "dave"]), "{m}");
+        }
+    }
+    // Paging walks the same results, each once.
+    let first = ok(
+        &c,
+        "phone_inbox",
+        alice.with(json!({"query": "budget review", "limit": 20})),
+    )
+    .await;
+    let cursor = first["next_cursor"]
+        .as_str()
+        .expect("a next page")
+        .to_owned();
+    let second = ok(
+        &c,
+        "phone_inbox",
+        alice.with(json!({"query": "budget review", "limit": 20, "cursor": cursor})),
+    )
+    .await;
+    let mut pages = [bodies(&first), bodies(&second)].concat();
+    assert_eq!(pages.len(), 35, "{first} {second}");
+    pages.sort();
+    pages.dedup();
+    assert_eq!(pages.len(), 35, "{first} {second}");
+    // A recipient finds its own copies, told who else got them.
+    let found = ok(
+        &c,
+        "phone_inbox",
+        bob.with(json!({"query": "budget", "limit": 50})),
+    )
+    .await;
+    assert_eq!(bodies(&found).len(), 36, "{found}");
+    for m in found["messages"].as_array().unwrap() {
+        assert_eq!(m["to"], "bob", "{m}");
+        if m["body"].as_str().unwrap().contains("round") {
+            assert_eq!(m["also_to"], json!(["carol", "dave"]), "{m}");
+        }
+    }
+    app.stop().await;
+}
+
 /// A body is hostile text: in a search result it is fenced like in the
 /// inbox, and query text is only ever words.
 #[tokio::test]

@@ -126,11 +126,29 @@ pub fn polled_message_columns(recipient_name: &str) -> String {
 pub fn message_columns_seen_by(recipient_name: &str, viewer: &str) -> String {
     columns(
         recipient_name,
-        &format!(
-            "CASE WHEN m.dead_reason = 'blocked' AND m.sender_id = {viewer} THEN NULL
-                  ELSE m.dead_at END AS dead_at"
-        ),
+        &dead_at_seen_by(viewer),
         &also_to(&format!("m.recipient_id = {viewer}")),
+    )
+}
+
+/// Mail its recipient's block withdrew does not show as dead to its sender.
+fn dead_at_seen_by(viewer: &str) -> String {
+    format!(
+        "CASE WHEN m.dead_reason = 'blocked' AND m.sender_id = {viewer} THEN NULL
+              ELSE m.dead_at END AS dead_at"
+    )
+}
+
+/// [`message_columns_seen_by`] for a search, which shows a group send its
+/// caller made once (see `mail_search`): its sender is told who else it
+/// went to as well.
+pub fn message_columns_searched_by(recipient_name: &str, viewer: &str) -> String {
+    columns(
+        recipient_name,
+        &dead_at_seen_by(viewer),
+        &also_to(&format!(
+            "(m.recipient_id = {viewer} OR m.sender_id = {viewer})"
+        )),
     )
 }
 

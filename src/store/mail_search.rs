@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 use chrono::{DateTime, Utc};
 
 use super::fragments::{
-    MESSAGE_SEARCH, MESSAGE_WORDS, SENDER_LOOKUP, caller_by_token, message_columns_seen_by,
+    MESSAGE_SEARCH, MESSAGE_WORDS, SENDER_LOOKUP, caller_by_token, message_columns_searched_by,
     presence_write,
 };
 use super::messages::{Polled, count_waiting};
@@ -28,7 +28,7 @@ pub struct MailQuery<'a> {
 /// `$1` token digest, `$2` claimed name, `$3` words, `$4` the other party's
 /// name (NULL: any), `$5` thread (NULL: any), `$6` sent at or after (NULL:
 /// any), `$7` rows, `$8` rows skipped, `$9` cap of the unread count. One row
-/// per message, best first (or one without a message), each with `me_id`
+/// per message (a group send the caller made: one, see [`SENT_GROUP`]), best first (or one without a message), each with `me_id`
 /// and the caller's unread count as `waiting`.
 ///
 /// Only ever the caller's mail, twice over: the tsquery ANDs one of the
@@ -72,7 +72,7 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
     // Step k runs while every step before it found too few.
     let too_few_before = |k: usize| {
         (0..k)
-            .map(|j| format!("(SELECT count(*) FROM step{j}) < {enough}"))
+            .map(|j| format!("{} < {enough}", found(&format!("step{j}"))))
             .chain(std::iter::once("true".to_owned()))
             .collect::<Vec<_>>()
             .join(" AND ")
@@ -82,7 +82,7 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
     for (k, width) in widths.iter().enumerate() {
         steps.push_str(&format!(
             "step{k} AS MATERIALIZED (
-                 SELECT m.id FROM messages m, me
+                 SELECT m.id, {SENT_GROUP} FROM messages m, me
                  WHERE {gate}
                    AND {MESSAGE_SEARCH} @@ (
                        SELECT q.wanted && string_agg(format('''p %s %s''', me.id, w), ' | ')::tsquery
@@ -93,7 +93,8 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
             before = width - 1,
         ));
         picked.push(format!(
-            "SELECT id FROM step{k} WHERE (SELECT count(*) FROM step{k}) >= {enough}"
+            "SELECT id, sent_group FROM step{k} WHERE {} >= {enough}",
+            found(&format!("step{k}"))
         ));
     }
     format!(
@@ -124,14 +125,15 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
               matched AS MATERIALIZED (
                   {picked}
                   UNION ALL
-                  SELECT m.id FROM messages m, me
+                  SELECT m.id, {SENT_GROUP} FROM messages m, me
                   WHERE {gate}
                     AND {MESSAGE_SEARCH} @@ (SELECT mine FROM q) AND {filters}),
               ranked AS MATERIALIZED (
                   SELECT m.*, ts_rank({MESSAGE_WORDS}, q.words) AS rank
                   FROM messages m, q
                   WHERE m.id = ANY (ARRAY(
-                      SELECT id FROM matched ORDER BY id DESC LIMIT {SEARCH_CANDIDATES}))
+                      SELECT min(id) FROM matched GROUP BY coalesce(sent_group, -id)
+                      ORDER BY 1 DESC LIMIT {SEARCH_CANDIDATES}))
                   ORDER BY rank DESC, m.id DESC
                   LIMIT $7 OFFSET $8),
               waiting AS ({waiting})
@@ -145,10 +147,26 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
         touch = presence_write("SELECT id, last_seen_at FROM me"),
         picked = picked.join("\n                  UNION ALL\n                  "),
         gate = too_few_before(widths.len()),
-        columns = message_columns_seen_by("r.name", "me.id"),
+        columns = message_columns_searched_by("r.name", "me.id"),
         waiting = count_waiting("$9"),
     )
 });
+
+/// A group send the caller made is one result, not one per recipient: its
+/// copies share the words, and twenty of them would fill a page and crowd
+/// older mail out of the candidates. Each match carries its group (NULL
+/// for mail to one and for mail the caller received, its own copy alone);
+/// the steps count, and the ranking takes, one match per group, its first
+/// copy, which shows the other recipients.
+const SENT_GROUP: &str = "CASE WHEN m.sender_id = me.id THEN m.group_id END AS sent_group";
+
+/// The matches in `step` (a CTE of ids and `sent_group`s), a group send
+/// counted once.
+fn found(step: &str) -> String {
+    format!(
+        "(SELECT count(*) FILTER (WHERE sent_group IS NULL) + count(DISTINCT sent_group) FROM {step})"
+    )
+}
 
 /// The most id windows (4,096 ids each) a search asks before the whole
 /// mailbox: 1, 2, 4, then 8 (32,768 ids). Further doubling cost a rare word
