@@ -132,7 +132,9 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
                   SELECT m.*, ts_rank({MESSAGE_WORDS}, q.words) AS rank
                   FROM messages m, q
                   WHERE m.id = ANY (ARRAY(
-                      SELECT min(id) FROM matched GROUP BY coalesce(sent_group, -id)
+                      SELECT id FROM matched WHERE sent_group IS NULL
+                      UNION ALL
+                      SELECT min(id) FROM matched WHERE sent_group IS NOT NULL GROUP BY sent_group
                       ORDER BY 1 DESC LIMIT {SEARCH_CANDIDATES}))
                   ORDER BY rank DESC, m.id DESC
                   LIMIT $7 OFFSET $8),
@@ -161,11 +163,13 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
 const SENT_GROUP: &str = "CASE WHEN m.sender_id = me.id THEN m.group_id END AS sent_group";
 
 /// The matches in `step` (a CTE of ids and `sent_group`s), a group send
-/// counted once.
+/// counted once: by its first copy, whose id is the group's. A count of
+/// distinct groups sorted each step's matches once per gate that reads it
+/// (2.4 → 3.0 ms per search in the teams phase of `make bench`); should a
+/// group's first copy be missing, a step merely counts too few and the
+/// search asks the next one.
 fn found(step: &str) -> String {
-    format!(
-        "(SELECT count(*) FILTER (WHERE sent_group IS NULL) + count(DISTINCT sent_group) FROM {step})"
-    )
+    format!("(SELECT count(*) FROM {step} WHERE sent_group IS NULL OR sent_group = id)")
 }
 
 /// The most id windows (4,096 ids each) a search asks before the whole
