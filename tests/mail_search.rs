@@ -245,6 +245,35 @@ async fn a_group_send_is_one_search_result_for_its_sender() {
     pages.sort();
     pages.dedup();
     assert_eq!(pages.len(), 35, "{first} {second}");
+    // Filtered to a later recipient: its copy, once.
+    let to_carol = ok(
+        &c,
+        "phone_inbox",
+        alice.with(json!({"query": "budget review with:carol", "limit": 50})),
+    )
+    .await;
+    assert_eq!(bodies(&to_carol).len(), 35, "{to_carol}");
+    for m in to_carol["messages"].as_array().unwrap() {
+        assert_eq!(m["to"], "carol", "{m}");
+        assert_eq!(m["also_to"], json!(["bob", "dave"]), "{m}");
+    }
+    // A key used again for another text stores the new copies in the
+    // first send's group: still two messages.
+    for (to, body) in [
+        (json!(["bob", "carol"]), "Zebra alpha."),
+        (json!(["carol", "dave"]), "Zebra beta."),
+    ] {
+        ok(
+            &c,
+            "phone_send",
+            alice.with(json!({"to": to, "body": body, "idempotency_key": "zebra-1"})),
+        )
+        .await;
+    }
+    let zebras = ok(&c, "phone_inbox", alice.with(json!({"query": "zebra"}))).await;
+    let mut got = bodies(&zebras);
+    got.sort();
+    assert_eq!(got, ["Zebra alpha.", "Zebra beta."], "{zebras}");
     // A recipient finds its own copies, told who else got them.
     let found = ok(
         &c,

@@ -72,7 +72,7 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
     // Step k runs while every step before it found too few.
     let too_few_before = |k: usize| {
         (0..k)
-            .map(|j| format!("{} < {enough}", found(&format!("step{j}"))))
+            .map(|j| format!("(SELECT n FROM found{j}) < {enough}"))
             .chain(std::iter::once("true".to_owned()))
             .collect::<Vec<_>>()
             .join(" AND ")
@@ -88,13 +88,13 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
                        SELECT q.wanted && string_agg(format('''p %s %s''', me.id, w), ' | ')::tsquery
                        FROM q, me, last, generate_series(last.window - {before}, last.window) w
                        GROUP BY q.wanted)
-                   AND {filters}),\n",
+                   AND {filters}),
+             found{k} AS ({FOUND} FROM step{k}),\n",
             gate = too_few_before(k),
             before = width - 1,
         ));
         picked.push(format!(
-            "SELECT id, sent_group FROM step{k} WHERE {} >= {enough}",
-            found(&format!("step{k}"))
+            "SELECT id, sent_group FROM step{k} WHERE (SELECT n FROM found{k}) >= {enough}"
         ));
     }
     format!(
@@ -156,21 +156,23 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
 
 /// A group send the caller made is one result, not one per recipient: its
 /// copies share the words, and twenty of them would fill a page and crowd
-/// older mail out of the candidates. Each match carries its group (NULL
-/// for mail to one and for mail the caller received, its own copy alone);
-/// the steps count, and the ranking takes, one match per group, its first
-/// copy, which shows the other recipients.
-const SENT_GROUP: &str = "CASE WHEN m.sender_id = me.id THEN m.group_id END AS sent_group";
+/// older mail out of the candidates. Each match carries what identifies
+/// its message among the caller's own group sends: the group and its text
+/// (a key reused for a different text stores a copy in the first try's
+/// group); NULL for mail to one and for mail the caller received, each its
+/// own result. The steps count, and the ranking takes, one match per such
+/// message (its lowest id: the copy to the first recipient unless a
+/// filter left that one out), which shows the other recipients.
+const SENT_GROUP: &str = "CASE WHEN m.sender_id = me.id AND m.group_id IS NOT NULL
+         THEN hashtextextended(m.body, hashtextextended(coalesce(m.subject, ''), m.group_id))
+     END AS sent_group";
 
-/// The matches in `step` (a CTE of ids and `sent_group`s), a group send
-/// counted once: by its first copy, whose id is the group's. A count of
-/// distinct groups sorted each step's matches once per gate that reads it
-/// (2.4 → 3.0 ms per search in the teams phase of `make bench`); should a
-/// group's first copy be missing, a step merely counts too few and the
-/// search asks the next one.
-fn found(step: &str) -> String {
-    format!("(SELECT count(*) FROM {step} WHERE sent_group IS NULL OR sent_group = id)")
-}
+/// A step's matches (`n`), one per message: counted once per step, and
+/// only the caller's own group copies are sorted for it (as a count per
+/// gate over every match, 2.4 → 3.0 ms per search in the teams phase of
+/// `make bench`).
+const FOUND: &str = "SELECT count(*) FILTER (WHERE sent_group IS NULL)
+            + count(DISTINCT sent_group) FILTER (WHERE sent_group IS NOT NULL) AS n";
 
 /// The most id windows (4,096 ids each) a search asks before the whole
 /// mailbox: 1, 2, 4, then 8 (32,768 ids). Further doubling cost a rare word
