@@ -291,6 +291,80 @@ async fn a_group_send_is_one_search_result_for_its_sender() {
     app.stop().await;
 }
 
+/// `with:` a later recipient of one's group sends (whose copies are not
+/// the first of their group) is answered from the newest window when that
+/// holds enough: each step counts the copies the filter kept, one per
+/// message. Counting only first copies, every step counted none, and the
+/// search read the older window and the whole mailbox too.
+#[tokio::test]
+async fn a_search_with_a_later_recipient_stays_in_the_newest_mail() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    for name in ["bob", "carol", "dave"] {
+        register(&c, name, "x", "p").await;
+    }
+    let db = app.db().await;
+    // 1,500 older group sends to bob and carol, read (unread, they would
+    // fill alice's share of both inboxes), then a new id window.
+    db.batch_execute(
+        "INSERT INTO messages (sender_id, recipient_id, body, thread_id)
+         SELECT (SELECT id FROM agents WHERE name = 'alice'),
+                (SELECT id FROM agents WHERE name = CASE WHEN g % 2 = 0 THEN 'bob' ELSE 'carol' END),
+                'budget, older ' || g / 2, 0
+         FROM generate_series(0, 2999) g;
+         UPDATE messages SET group_id = CASE WHEN recipient_id = (SELECT id FROM agents WHERE name = 'bob')
+                                             THEN id ELSE id - 1 END, thread_id = id,
+                            read_at = now();
+         SELECT setval('messages_id_seq', ((SELECT last_value FROM messages_id_seq) >> 12 << 12) + 4095);",
+    )
+    .await
+    .unwrap();
+    for round in 1..=120 {
+        ok(
+            &c,
+            "phone_send",
+            alice.with(
+                json!({"to": ["bob", "carol", "dave"], "body": format!("Budget, round {round}.")}),
+            ),
+        )
+        .await;
+    }
+    let index_entries_read = async || -> i64 {
+        tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+        db.batch_execute("SELECT pg_stat_clear_snapshot()")
+            .await
+            .unwrap();
+        db.query_one(
+            "SELECT idx_tup_read FROM pg_stat_user_indexes
+             WHERE indexrelname = 'messages_search_window_idx'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+    };
+    let before = index_entries_read().await;
+    let found = ok(
+        &c,
+        "phone_inbox",
+        alice.with(json!({"query": "budget with:carol", "limit": 5})),
+    )
+    .await;
+    let read = index_entries_read().await - before;
+    eprintln!("budget with:carol: {read} index entries read");
+    for m in found["messages"].as_array().unwrap() {
+        assert_eq!(m["to"], "carol", "{m}");
+        assert!(m["body"].as_str().unwrap().contains("round"), "{m}");
+    }
+    assert_eq!(bodies(&found).len(), 5, "{found}");
+    assert!(
+        read < 600,
+        "the search index returned {read} entries for 120 new messages with carol"
+    );
+    app.stop().await;
+}
+
 /// A body is hostile text: in a search result it is fenced like in the
 /// inbox, and query text is only ever words.
 #[tokio::test]
