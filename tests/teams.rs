@@ -585,3 +585,67 @@ async fn a_retry_that_stores_a_refused_copy_joins_the_first_group() {
     );
     app.stop().await;
 }
+
+/// The same, but the retry comes through another replica while the first
+/// try has not committed yet: its statement cannot see the first try's
+/// copies (it waits on their keys, then stores only the refused one's), so
+/// the copy it stores must still join the first try's group and thread.
+#[tokio::test]
+async fn a_retry_racing_the_first_try_joins_its_group() {
+    let app = spawn_app().await;
+    let other = spawn_app_on(&app.database_url, &[]).await;
+    let c = app.client().await;
+    let boss = register(&c, "boss", "B", "team").await;
+    let a = register(&c, "a", "A", "team").await;
+    let late = register(&c, "late", "L", "else").await;
+    ok(
+        &c,
+        "phone_settings",
+        late.with(json!({"contact_policy": "closed"})),
+    )
+    .await;
+    let args = boss.with(json!({"to": ["a", "late"], "body": "plan", "idempotency_key": "g2"}));
+    // The first try takes its snapshot with `late` closed, then waits.
+    let (lock, first) = send_held_by_a_row_lock(&app, &boss, args.clone()).await;
+    ok(
+        &c,
+        "phone_settings",
+        late.with(json!({"contact_policy": "open"})),
+    )
+    .await;
+    let retry = {
+        let c2 = other.client().await;
+        let args = args.clone();
+        tokio::spawn(async move { ok(&c2, "phone_send", args).await })
+    };
+    wait_until(
+        &app.db().await,
+        "the retry waits on the first try's keys",
+        "SELECT count(*) >= 2 FROM pg_stat_activity
+         WHERE wait_event_type = 'Lock' AND query LIKE '%unnest%'",
+    )
+    .await;
+    lock.batch_execute("COMMIT").await.unwrap();
+    let first = first.await.unwrap();
+    let retry = retry.await.unwrap();
+    assert!(first["recipients"][1]["error"].is_string(), "{first}");
+    assert_eq!(
+        retry["recipients"][0]["id"], first["recipients"][0]["id"],
+        "{retry}"
+    );
+    assert_eq!(retry["thread_id"], first["thread_id"], "{retry}");
+    let got = ok(&c, "phone_inbox", late.with(json!({}))).await;
+    assert_eq!(got["messages"][0]["thread_id"], first["thread_id"], "{got}");
+    assert_eq!(got["messages"][0]["also_to"], json!(["a"]), "{got}");
+    let got = ok(&c, "phone_inbox", a.with(json!({}))).await;
+    assert_eq!(got["messages"][0]["also_to"], json!(["late"]), "{got}");
+    let found = ok(&c, "phone_inbox", boss.with(json!({"query": "plan"}))).await;
+    assert_eq!(found["messages"].as_array().unwrap().len(), 1, "{found}");
+    assert_eq!(
+        app.count("SELECT count(DISTINCT group_id) FROM messages")
+            .await,
+        1
+    );
+    app.stop().await;
+    other.stop().await;
+}

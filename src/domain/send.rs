@@ -87,6 +87,20 @@ impl SendRequest {
     }
 }
 
+/// Whether what an earlier send stored under the key is this copy of this
+/// send (a retry), not another send that used the key.
+fn is_same_send(
+    earlier: &store::messages::Earlier,
+    target: &Target,
+    req: &SendRequest,
+    reply_to: Option<i64>,
+) -> bool {
+    earlier.recipient == target.name.as_str()
+        && earlier.subject == req.subject
+        && earlier.body == req.body
+        && earlier.reply_to == reply_to
+}
+
 fn parse_recipients(to: &[&str], replying: bool) -> Result<Recipients, InvalidInput> {
     if to.iter().any(|t| t.trim() == EVERYONE) {
         if to.len() > 1 {
@@ -226,6 +240,9 @@ impl Phone {
                 }
             }
         }
+        let joined = self
+            .join_earlier_group(me_id, &req, reply_to, &targets, &outcome, &earlier)
+            .await?;
         let mut first: Option<(MessageId, MessageId, DateTime<Utc>)> = None;
         let mut all_replayed = true;
         let mut errors = Vec::new();
@@ -234,14 +251,14 @@ impl Phone {
             let result = match (&copy.stored, earlier) {
                 (Some(stored), _) => {
                     all_replayed = false;
-                    Ok((stored.id, stored.thread_id, stored.sent_at))
+                    Ok((
+                        stored.id,
+                        joined.unwrap_or(stored.thread_id),
+                        stored.sent_at,
+                    ))
                 }
                 (None, Some(e)) => {
-                    let same = e.recipient == target.name.as_str()
-                        && e.subject == req.subject
-                        && e.body == req.body
-                        && e.reply_to == reply_to;
-                    if same {
+                    if is_same_send(&e, target, &req, reply_to) {
                         Ok((e.id, e.thread_id, e.sent_at))
                     } else {
                         Err(PhoneError::IdempotencyConflict(
@@ -295,6 +312,40 @@ impl Phone {
             replayed: all_replayed,
             copies: if group { copies } else { Vec::new() },
         })
+    }
+
+    /// A group send whose copies are partly new and partly an earlier
+    /// try's (the same send, retried): the new copies join the earlier
+    /// copies' thread and group, which a retry racing that try on another
+    /// replica could not see. The thread they are in then, if changed.
+    async fn join_earlier_group(
+        &self,
+        me_id: i64,
+        req: &SendRequest,
+        reply_to: Option<i64>,
+        targets: &[Target],
+        outcome: &store::SendOutcome,
+        earlier: &[Option<store::messages::Earlier>],
+    ) -> Result<Option<i64>, PhoneError> {
+        let same_send = earlier
+            .iter()
+            .zip(targets)
+            .find_map(|(e, t)| e.as_ref().filter(|e| is_same_send(e, t, req, reply_to)));
+        let Some(earlier) = same_send else {
+            return Ok(None);
+        };
+        let fresh: Vec<i64> = outcome
+            .copies
+            .iter()
+            .filter_map(|c| c.stored.as_ref().map(|s| s.id))
+            .collect();
+        if fresh.is_empty() || earlier.group_id.is_none() {
+            return Ok(None);
+        }
+        let db = self.store.db().await?;
+        store::messages::join_group(&db, me_id, &fresh, earlier.thread_id, earlier.group_id)
+            .await?;
+        Ok(Some(earlier.thread_id))
     }
 
     /// Who the send goes to and, for a reply, the thread it joins. A reply

@@ -122,7 +122,7 @@ pub async fn reply_target(
 /// per key found. Index: `messages_idempotency_idx`.
 const BY_IDEMPOTENCY_KEYS: &str =
     "SELECT m.id, m.idempotency_key, r.name AS recipient, m.subject, m.body,
-            m.reply_to, m.thread_id, m.sent_at
+            m.reply_to, m.thread_id, m.group_id, m.sent_at
      FROM messages m JOIN agents r ON r.id = m.recipient_id
      WHERE m.sender_id = $1 AND m.idempotency_key = ANY ($2::text[])";
 
@@ -135,6 +135,7 @@ pub struct Earlier {
     pub body: String,
     pub reply_to: Option<i64>,
     pub thread_id: i64,
+    pub group_id: Option<i64>,
     pub sent_at: DateTime<Utc>,
 }
 
@@ -158,10 +159,34 @@ pub async fn by_idempotency_keys(
                     body: r.get("body"),
                     reply_to: r.get("reply_to"),
                     thread_id: r.get("thread_id"),
+                    group_id: r.get("group_id"),
                     sent_at: r.get("sent_at"),
                 })
         })
         .collect())
+}
+
+/// Puts copies `ids` of a group send by `sender_id` into the thread and
+/// group of the copies an earlier try of it stored, unless they are there
+/// already. A retry racing that try (another replica) cannot see its
+/// uncommitted copies and gives the copies it stores a group of its own.
+pub async fn join_group(
+    db: &Client,
+    sender_id: i64,
+    ids: &[i64],
+    thread_id: i64,
+    group_id: Option<i64>,
+) -> Result<(), StoreError> {
+    let stmt = db
+        .prepare_cached(
+            "UPDATE messages SET thread_id = $3, group_id = $4
+             WHERE sender_id = $1 AND id = ANY ($2::bigint[])
+               AND (thread_id, group_id) IS DISTINCT FROM ($3, $4)",
+        )
+        .await?;
+    db.execute(&stmt, &[&sender_id, &ids, &thread_id, &group_id])
+        .await?;
+    Ok(())
 }
 
 /// A poll that takes nothing (polls that take mail are batched).
