@@ -540,24 +540,11 @@ async fn poll_until(c: &Client, args: &Value, until: std::time::Instant) -> Vec<
 async fn a_retry_that_stores_a_refused_copy_joins_the_first_group() {
     let app = spawn_app().await;
     let c = app.client().await;
-    let boss = register(&c, "boss", "B", "team").await;
-    let a = register(&c, "a", "A", "team").await;
-    let late = register(&c, "late", "L", "else").await;
-    ok(
-        &c,
-        "phone_settings",
-        late.with(json!({"contact_policy": "closed"})),
-    )
-    .await;
+    let (boss, a, late) = boss_and_a_closed_recipient(&c).await;
     let args = boss.with(json!({"to": ["a", "late"], "body": "plan", "idempotency_key": "g1"}));
     let first = ok(&c, "phone_send", args.clone()).await;
     assert!(first["recipients"][1]["error"].is_string(), "{first}");
-    ok(
-        &c,
-        "phone_settings",
-        late.with(json!({"contact_policy": "open"})),
-    )
-    .await;
+    set_policy(&c, &late, "open").await;
     let retry = ok(&c, "phone_send", args).await;
     assert_eq!(
         retry["recipients"][0]["id"], first["recipients"][0]["id"],
@@ -595,24 +582,11 @@ async fn a_retry_racing_the_first_try_joins_its_group() {
     let app = spawn_app().await;
     let other = spawn_app_on(&app.database_url, &[]).await;
     let c = app.client().await;
-    let boss = register(&c, "boss", "B", "team").await;
-    let a = register(&c, "a", "A", "team").await;
-    let late = register(&c, "late", "L", "else").await;
-    ok(
-        &c,
-        "phone_settings",
-        late.with(json!({"contact_policy": "closed"})),
-    )
-    .await;
+    let (boss, a, late) = boss_and_a_closed_recipient(&c).await;
     let args = boss.with(json!({"to": ["a", "late"], "body": "plan", "idempotency_key": "g2"}));
     // The first try takes its snapshot with `late` closed, then waits.
     let (lock, first) = send_held_by_a_row_lock(&app, &boss, args.clone()).await;
-    ok(
-        &c,
-        "phone_settings",
-        late.with(json!({"contact_policy": "open"})),
-    )
-    .await;
+    set_policy(&c, &late, "open").await;
     let retry = {
         let c2 = other.client().await;
         let args = args.clone();
@@ -648,4 +622,22 @@ async fn a_retry_racing_the_first_try_joins_its_group() {
     );
     app.stop().await;
     other.stop().await;
+}
+
+/// `boss` and `a` in one project, `late` in another and closed to them.
+async fn boss_and_a_closed_recipient(c: &Client) -> (Agent, Agent, Agent) {
+    let boss = register(c, "boss", "B", "team").await;
+    let a = register(c, "a", "A", "team").await;
+    let late = register(c, "late", "L", "else").await;
+    set_policy(c, &late, "closed").await;
+    (boss, a, late)
+}
+
+async fn set_policy(c: &Client, agent: &Agent, policy: &str) {
+    ok(
+        c,
+        "phone_settings",
+        agent.with(json!({"contact_policy": policy})),
+    )
+    .await;
 }
