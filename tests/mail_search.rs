@@ -16,6 +16,48 @@ fn bodies(found: &Value) -> Vec<String> {
         .collect()
 }
 
+/// Moves the message ids on to the start of the next id window (4,096
+/// ids), which the search asks one after another, newest first.
+const NEXT_WINDOW: &str = "SELECT setval('messages_id_seq', ((SELECT last_value FROM messages_id_seq) >> 12 << 12) + 4095)";
+
+/// The first two pages of `agent`'s search for `query`.
+async fn two_pages(c: &Client, agent: &Agent, query: &str, limit: u32) -> (Value, Value) {
+    let first = ok(
+        c,
+        "phone_inbox",
+        agent.with(json!({"query": query, "limit": limit})),
+    )
+    .await;
+    let cursor = first["next_cursor"]
+        .as_str()
+        .expect("a next page")
+        .to_owned();
+    let second = ok(
+        c,
+        "phone_inbox",
+        agent.with(json!({"query": query, "limit": limit, "cursor": cursor})),
+    )
+    .await;
+    (first, second)
+}
+
+/// Entries the search index has handed out so far. Statistics reach the
+/// shared counters when a backend goes idle, at most once a second.
+async fn index_entries_read(db: &tokio_postgres::Client) -> i64 {
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    db.batch_execute("SELECT pg_stat_clear_snapshot()")
+        .await
+        .unwrap();
+    db.query_one(
+        "SELECT idx_tup_read FROM pg_stat_user_indexes
+         WHERE indexrelname = 'messages_search_window_idx'",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
 #[tokio::test]
 async fn an_agent_finds_its_own_mail_and_only_its_own() {
     let one = spawn_app().await;
@@ -128,22 +170,7 @@ async fn an_agent_finds_its_own_mail_and_only_its_own() {
     .await;
     assert_eq!(bodies(&later).len(), 0);
     // Paging: one at a time, each once.
-    let first = ok(
-        &c1,
-        "phone_inbox",
-        bob.with(json!({"query": "invoice", "limit": 1})),
-    )
-    .await;
-    let cursor = first["next_cursor"]
-        .as_str()
-        .expect("a next page")
-        .to_owned();
-    let second = ok(
-        &c1,
-        "phone_inbox",
-        bob.with(json!({"query": "invoice", "limit": 1, "cursor": cursor})),
-    )
-    .await;
+    let (first, second) = two_pages(&c1, &bob, "invoice", 1).await;
     assert_ne!(bodies(&first), bodies(&second));
     // Searching takes nothing: bob's unread mail is all still there.
     let unread = ok(&c1, "phone_inbox", bob.with(json!({"peek": true}))).await;
@@ -187,13 +214,7 @@ async fn a_group_send_is_one_search_result_for_its_sender() {
     // The group sends begin a new id window (the search asks the newest
     // first): counted per copy, that window alone holds more than 100
     // matches and the search looks no further.
-    app.db()
-        .await
-        .batch_execute(
-            "SELECT setval('messages_id_seq', ((SELECT last_value FROM messages_id_seq) >> 12 << 12) + 4095)",
-        )
-        .await
-        .unwrap();
+    app.db().await.batch_execute(NEXT_WINDOW).await.unwrap();
     for round in 1..=35 {
         ok(
             &c,
@@ -224,22 +245,7 @@ async fn a_group_send_is_one_search_result_for_its_sender() {
         }
     }
     // Paging walks the same results, each once.
-    let first = ok(
-        &c,
-        "phone_inbox",
-        alice.with(json!({"query": "budget review", "limit": 20})),
-    )
-    .await;
-    let cursor = first["next_cursor"]
-        .as_str()
-        .expect("a next page")
-        .to_owned();
-    let second = ok(
-        &c,
-        "phone_inbox",
-        alice.with(json!({"query": "budget review", "limit": 20, "cursor": cursor})),
-    )
-    .await;
+    let (first, second) = two_pages(&c, &alice, "budget review", 20).await;
     let mut pages = [bodies(&first), bodies(&second)].concat();
     assert_eq!(pages.len(), 35, "{first} {second}");
     pages.sort();
@@ -315,11 +321,11 @@ async fn a_search_with_a_later_recipient_stays_in_the_newest_mail() {
          FROM generate_series(0, 2999) g;
          UPDATE messages SET group_id = CASE WHEN recipient_id = (SELECT id FROM agents WHERE name = 'bob')
                                              THEN id ELSE id - 1 END, thread_id = id,
-                            read_at = now();
-         SELECT setval('messages_id_seq', ((SELECT last_value FROM messages_id_seq) >> 12 << 12) + 4095);",
+                            read_at = now();",
     )
     .await
     .unwrap();
+    db.batch_execute(NEXT_WINDOW).await.unwrap();
     for round in 1..=120 {
         ok(
             &c,
@@ -330,28 +336,14 @@ async fn a_search_with_a_later_recipient_stays_in_the_newest_mail() {
         )
         .await;
     }
-    let index_entries_read = async || -> i64 {
-        tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
-        db.batch_execute("SELECT pg_stat_clear_snapshot()")
-            .await
-            .unwrap();
-        db.query_one(
-            "SELECT idx_tup_read FROM pg_stat_user_indexes
-             WHERE indexrelname = 'messages_search_window_idx'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0)
-    };
-    let before = index_entries_read().await;
+    let before = index_entries_read(&db).await;
     let found = ok(
         &c,
         "phone_inbox",
         alice.with(json!({"query": "budget with:carol", "limit": 5})),
     )
     .await;
-    let read = index_entries_read().await - before;
+    let read = index_entries_read(&db).await - before;
     eprintln!("budget with:carol: {read} index entries read");
     for m in found["messages"].as_array().unwrap() {
         assert_eq!(m["to"], "carol", "{m}");
@@ -424,9 +416,9 @@ async fn a_common_word_in_a_big_mailbox_is_answered_from_the_newest_mail() {
     // matches lie in different steps of the search, and a step that left
     // out a window, or a newest window taken from received mail only,
     // changes some result.
+    db.batch_execute(NEXT_WINDOW).await.unwrap();
     db.batch_execute(
-        "SELECT setval('messages_id_seq', ((SELECT last_value FROM messages_id_seq) >> 12 << 12) + 4095);
-         INSERT INTO messages (sender_id, recipient_id, body, thread_id)
+        "INSERT INTO messages (sender_id, recipient_id, body, thread_id)
          SELECT (SELECT id FROM agents WHERE name = 'bob'), (SELECT id FROM agents WHERE name = 'alice'),
                 'an old walrus note ' || g, 0
          FROM generate_series(1, 3) g;
@@ -481,20 +473,6 @@ async fn a_common_word_in_a_big_mailbox_is_answered_from_the_newest_mail() {
         .map(|r| r.get(0))
         .collect()
     };
-    let index_entries_read = async || -> i64 {
-        tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
-        db.batch_execute("SELECT pg_stat_clear_snapshot()")
-            .await
-            .unwrap();
-        db.query_one(
-            "SELECT idx_tup_read FROM pg_stat_user_indexes
-             WHERE indexrelname = 'messages_search_window_idx'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0)
-    };
     for (query, words, with) in [
         ("common", "common", None),
         ("walrus", "walrus", None),
@@ -526,8 +504,6 @@ async fn a_common_word_in_a_big_mailbox_is_answered_from_the_newest_mail() {
         assert!(!want.is_empty(), "{query}: nothing to find");
         assert_eq!(found, want, "{query}");
     }
-    // Statistics reach the shared counters when a backend goes idle, at
-    // most once a second.
     let matches: i64 = db
         .query_one(
             "SELECT count(*) FROM messages
@@ -537,14 +513,14 @@ async fn a_common_word_in_a_big_mailbox_is_answered_from_the_newest_mail() {
         .await
         .unwrap()
         .get(0);
-    let before = index_entries_read().await;
+    let before = index_entries_read(&db).await;
     ok(
         &c,
         "phone_inbox",
         alice.with(json!({"query": "common", "limit": 50})),
     )
     .await;
-    let read = index_entries_read().await - before;
+    let read = index_entries_read(&db).await - before;
     eprintln!("common: {read} index entries read, {matches} matches");
     assert!(
         read < matches,
@@ -552,14 +528,14 @@ async fn a_common_word_in_a_big_mailbox_is_answered_from_the_newest_mail() {
     );
     // `with:` is asked of the index too (the other party's lexeme), not
     // checked row by row over every match of the words.
-    let before = index_entries_read().await;
+    let before = index_entries_read(&db).await;
     ok(
         &c,
         "phone_inbox",
         alice.with(json!({"query": "common with:carol", "limit": 50})),
     )
     .await;
-    let read = index_entries_read().await - before;
+    let read = index_entries_read(&db).await - before;
     eprintln!("common with:carol: {read} index entries read");
     assert!(
         read < 1_000,

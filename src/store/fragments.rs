@@ -141,15 +141,9 @@ fn dead_at_seen_by(viewer: &str) -> String {
 
 /// [`message_columns_seen_by`] for a search, which shows a group send its
 /// caller made once (see `mail_search`): its sender is told who else it
-/// went to as well.
+/// went to as well (every row a search returns is the caller's own).
 pub fn message_columns_searched_by(recipient_name: &str, viewer: &str) -> String {
-    columns(
-        recipient_name,
-        &dead_at_seen_by(viewer),
-        &also_to(&format!(
-            "(m.recipient_id = {viewer} OR m.sender_id = {viewer})"
-        )),
-    )
+    columns(recipient_name, &dead_at_seen_by(viewer), &also_to("true"))
 }
 
 /// The other recipients of a copy of a group send, oldest copy first

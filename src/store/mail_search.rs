@@ -28,8 +28,9 @@ pub struct MailQuery<'a> {
 /// `$1` token digest, `$2` claimed name, `$3` words, `$4` the other party's
 /// name (NULL: any), `$5` thread (NULL: any), `$6` sent at or after (NULL:
 /// any), `$7` rows, `$8` rows skipped, `$9` cap of the unread count. One row
-/// per message (a group send the caller made: one, see [`SENT_GROUP`]), best first (or one without a message), each with `me_id`
-/// and the caller's unread count as `waiting`.
+/// per message (a group send the caller made: one, see [`SENT_GROUP`]), best
+/// first (or one without a message), each with `me_id` and the caller's
+/// unread count as `waiting`.
 ///
 /// Only ever the caller's mail, twice over: the tsquery ANDs one of the
 /// caller's own lexemes (`'p <id>'` or its windows, see migrations V13 and
