@@ -41,6 +41,12 @@ fn is_root() -> bool {
 
 /// PostgreSQL refuses to run as root: as root, as the `postgres` user.
 async fn pg(tool: &str, args: &[&str]) {
+    if let Err(e) = try_pg(tool, args).await {
+        panic!("{e}");
+    }
+}
+
+async fn try_pg(tool: &str, args: &[&str]) -> Result<(), String> {
     let bin = bindir().join(tool);
     let mut cmd = if is_root() {
         let mut c = Command::new("runuser");
@@ -55,12 +61,14 @@ async fn pg(tool: &str, args: &[&str]) {
         .output()
         .await
         .unwrap_or_else(|e| panic!("{tool}: {e}"));
-    assert!(
-        out.status.success(),
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(format!(
         "{tool} {args:?}: {}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
-    );
+    ))
 }
 
 /// One PostgreSQL server in a folder of its own (`data/`, `server.log`);
@@ -88,10 +96,10 @@ impl Node {
     /// A new primary, started, with database `phone`.
     async fn primary() -> Self {
         let root = Self::folder("primary");
-        let node = Self {
+        let mut node = Self {
             dir: root.join("data"),
             root,
-            port: free_port(),
+            port: 0,
         };
         let dir = node.dir.to_str().unwrap();
         pg(
@@ -109,7 +117,7 @@ impl Node {
             ],
         )
         .await;
-        node.start(&[]).await;
+        node.start_on_a_free_port().await;
         connect(&node.url("postgres"))
             .await
             .batch_execute("CREATE DATABASE phone")
@@ -121,10 +129,10 @@ impl Node {
     /// A streaming standby of `primary`, started.
     async fn standby_of(primary: &Node) -> Self {
         let root = Self::folder("standby");
-        let node = Self {
+        let mut node = Self {
             dir: root.join("data"),
             root,
-            port: free_port(),
+            port: 0,
         };
         let port = primary.port.to_string();
         pg(
@@ -146,11 +154,39 @@ impl Node {
             ],
         )
         .await;
-        node.start(&[]).await;
+        node.start_on_a_free_port().await;
         node
     }
 
+    /// Starts on a port nobody held a moment ago. Such a port lies in the
+    /// range the kernel hands client sockets, and one of the other tests'
+    /// may take it before PostgreSQL binds it: then on another.
+    async fn start_on_a_free_port(&mut self) {
+        for _ in 0..5 {
+            self.port = free_port();
+            let logged = self.log().len();
+            match self.try_start(&[]).await {
+                Ok(()) => return,
+                Err(e) if self.log()[logged..].contains("Address already in use") => {
+                    eprintln!("port {} taken meanwhile, trying another: {e}", self.port);
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        panic!("no free port for PostgreSQL in 5 tries");
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.root.join("server.log")).unwrap_or_default()
+    }
+
     async fn start(&self, settings: &[&str]) {
+        if let Err(e) = self.try_start(settings).await {
+            panic!("{e}");
+        }
+    }
+
+    async fn try_start(&self, settings: &[&str]) -> Result<(), String> {
         let mut options = format!(
             "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c fsync=off \
              -c hot_standby=on -c max_connections=60 -c shared_buffers=16MB",
@@ -161,7 +197,7 @@ impl Node {
             options.push_str(s);
         }
         let log = self.root.join("server.log");
-        pg(
+        try_pg(
             "pg_ctl",
             &[
                 "-D",
@@ -176,7 +212,7 @@ impl Node {
                 "start",
             ],
         )
-        .await;
+        .await
     }
 
     /// `fast`: what a failover does to the old primary (sessions get 57P01);
