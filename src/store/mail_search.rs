@@ -159,21 +159,14 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
 /// A group send the caller made is one result, not one per recipient: its
 /// copies share the words, and twenty of them would fill a page and crowd
 /// older mail out of the candidates. Each match carries what identifies
-/// its message among the caller's own group sends: the group and its text
-/// (a key reused for a different text stores a copy in the first try's
-/// group); NULL for mail to one and for mail the caller received, each its
-/// own result. The steps count, and the ranking takes, one match per such
-/// message (its lowest id: the copy to the first recipient unless a
-/// filter left that one out), which shows the other recipients.
-///
-/// The text is known by its subject, length and opening (what `left` and
-/// `octet_length` read without the rest of a long body): hashing whole
-/// bodies read every long group send the caller made, for each step.
-const SENT_GROUP: &str = "CASE WHEN m.sender_id = me.id AND m.group_id IS NOT NULL
-         THEN hashtextextended(left(m.body, 300),
-                               hashtextextended(coalesce(m.subject, ''), m.group_id)
-                                   # octet_length(m.body))
-     END AS sent_group";
+/// its message among the caller's own group sends, its group (one text
+/// each: a key used again for another text starts a group of its own,
+/// `store::batch::send`); NULL for mail to one and for mail the caller
+/// received, each its own result. The steps count, and the ranking takes,
+/// one match per such message (its lowest id: the copy to the first
+/// recipient unless a filter left that one out), which shows the other
+/// recipients.
+const SENT_GROUP: &str = "CASE WHEN m.sender_id = me.id THEN m.group_id END AS sent_group";
 
 /// A step's matches (`n`), one per message: counted once per step, and
 /// only the caller's own group copies are sorted for it (as a count per

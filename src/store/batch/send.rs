@@ -339,18 +339,29 @@ pub(super) fn sends() -> String {
     -- each copy with a key probes for its own earlier copy (the
     -- idempotency index; group sends only), and the earlier copies' values
     -- win over the ids of copies that now conflict and are never stored.
+    -- Only the same message's (subject, body and reply_to alike): a key
+    -- used again for another text is another message, whose copies form
+    -- a group and thread of their own, named by a copy that is stored
+    -- (one with no earlier copy), so that one group is one text (search
+    -- shows it once by its group) and `also_to` names its recipients only.
     stored AS MATERIALIZED (
         SELECT n.ord, n.id, n.sender_id, n.recipient_id, x.sord, x.idempotency_key,
-               coalesce(r.thread_id, min(o.thread_id) OVER same_send,
+               coalesce(r.thread_id, min(o.thread_id) FILTER (WHERE o.same) OVER same_send,
+                        min(n.id) FILTER (WHERE o.same IS NULL) OVER same_send,
                         min(n.id) OVER same_send) AS thread_id,
                CASE WHEN x.copies > 1
-                    THEN coalesce(min(o.group_id) OVER same_send, min(n.id) OVER same_send)
+                    THEN coalesce(min(o.group_id) FILTER (WHERE o.same) OVER same_send,
+                                  min(n.id) FILTER (WHERE o.same IS NULL) OVER same_send,
+                                  min(n.id) OVER same_send)
                END AS group_id
         FROM numbered n
         JOIN scopy x ON x.ord = n.ord
         JOIN sreq r ON r.sord = x.sord
         LEFT JOIN LATERAL (
-            SELECT m.thread_id, m.group_id FROM messages m
+            SELECT m.thread_id, m.group_id,
+                   m.body = r.body AND m.subject IS NOT DISTINCT FROM r.subject
+                       AND m.reply_to IS NOT DISTINCT FROM r.reply_to AS same
+            FROM messages m
             WHERE x.copies > 1 AND x.idempotency_key IS NOT NULL
               AND m.sender_id = n.sender_id AND m.idempotency_key = x.idempotency_key
             OFFSET 0) o ON true
