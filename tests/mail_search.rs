@@ -277,6 +277,13 @@ async fn a_group_send_is_one_search_result_for_its_sender() {
         .await;
     }
     let zebras = ok(&c, "phone_inbox", alice.with(json!({"query": "zebra"}))).await;
+    let threads: Vec<&Value> = zebras["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| &m["thread_id"])
+        .collect();
+    assert_ne!(threads[0], threads[1], "{zebras}");
     let mut got: Vec<(Value, Value, Value)> = zebras["messages"]
         .as_array()
         .unwrap()

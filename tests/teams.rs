@@ -562,7 +562,7 @@ async fn a_retry_that_stores_a_refused_copy_joins_the_first_group() {
     ok(
         &c,
         "phone_thread",
-        late.with(json!({"message_id": late_copy})),
+        boss.with(json!({"message_id": retry["thread_id"]})),
     )
     .await;
     assert_eq!(
@@ -620,6 +620,58 @@ async fn a_retry_racing_the_first_try_joins_its_group() {
             .await,
         1
     );
+    app.stop().await;
+    other.stop().await;
+}
+
+/// A send using a key again for another text, racing the first send
+/// through another replica: it cannot see the first send's copies, so the
+/// copy they share a recipient with conflicts and is never stored. Its
+/// stored copy is a message of its own (own thread and group, `also_to`
+/// empty), and the thread it answers with is a message `phone_thread`
+/// finds (it named the copy that conflicted).
+#[tokio::test]
+async fn a_key_used_again_for_another_text_racing_the_first_send_is_its_own_message() {
+    let app = spawn_app().await;
+    let other = spawn_app_on(&app.database_url, &[]).await;
+    let c = app.client().await;
+    let boss = register(&c, "boss", "B", "team").await;
+    for name in ["x", "y"] {
+        register(&c, name, "W", "team").await;
+    }
+    let z = register(&c, "z", "W", "team").await;
+    let alpha = boss.with(json!({"to": ["x", "y"], "body": "alpha", "idempotency_key": "k3"}));
+    let beta = boss.with(json!({"to": ["y", "z"], "body": "beta", "idempotency_key": "k3"}));
+    let (lock, first) = send_held_by_a_row_lock(&app, &boss, alpha).await;
+    let second = {
+        let c2 = other.client().await;
+        tokio::spawn(async move { ok(&c2, "phone_send", beta).await })
+    };
+    wait_until(
+        &app.db().await,
+        "the second send waits too",
+        "SELECT count(*) >= 2 FROM pg_stat_activity
+         WHERE wait_event_type = 'Lock' AND query LIKE '%unnest%'",
+    )
+    .await;
+    lock.batch_execute("COMMIT").await.unwrap();
+    let first = first.await.unwrap();
+    let second = second.await.unwrap();
+    assert!(first["recipients"][1]["id"].is_string(), "{first}");
+    assert!(second["recipients"][0]["error"].is_string(), "{second}");
+    let z_copy = second["recipients"][1]["id"].as_str().unwrap().to_owned();
+    assert_eq!(second["thread_id"], z_copy.as_str(), "{second}");
+    ok(
+        &c,
+        "phone_thread",
+        boss.with(json!({"message_id": second["thread_id"]})),
+    )
+    .await;
+    let got = ok(&c, "phone_inbox", z.with(json!({}))).await;
+    assert_eq!(got["messages"][0]["thread_id"], z_copy.as_str(), "{got}");
+    assert!(got["messages"][0]["also_to"].is_null(), "{got}");
+    let found = ok(&c, "phone_inbox", boss.with(json!({"query": "beta"}))).await;
+    assert_eq!(found["messages"].as_array().unwrap().len(), 1, "{found}");
     app.stop().await;
     other.stop().await;
 }

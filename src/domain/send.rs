@@ -240,9 +240,15 @@ impl Phone {
                 }
             }
         }
-        let joined = self
+        let joined = match self
             .join_earlier_group(me_id, &req, reply_to, &targets, &outcome, &earlier)
-            .await?;
+            .await?
+        {
+            None if group && thread_id.is_none() => {
+                self.name_by_a_stored_copy(me_id, &outcome).await?
+            }
+            joined => joined,
+        };
         let mut first: Option<(MessageId, MessageId, DateTime<Utc>)> = None;
         let mut all_replayed = true;
         let mut errors = Vec::new();
@@ -346,6 +352,37 @@ impl Phone {
         store::messages::join_group(&db, me_id, &fresh, earlier.thread_id, earlier.group_id)
             .await?;
         Ok(Some(earlier.thread_id))
+    }
+
+    /// A group send that raced another send using its key for another text
+    /// (through another replica, or in the same batch) cannot see that
+    /// send's copies, and may have named its thread and group after a copy
+    /// of its own that then conflicted and was never stored: a thread no
+    /// `phone_thread` finds. They move to its lowest stored copy. The
+    /// thread they are in then, if changed.
+    async fn name_by_a_stored_copy(
+        &self,
+        me_id: i64,
+        outcome: &store::SendOutcome,
+    ) -> Result<Option<i64>, PhoneError> {
+        let stored: Vec<&store::Stored> = outcome
+            .copies
+            .iter()
+            .filter_map(|c| c.stored.as_ref())
+            .collect();
+        let Some(first) = stored.iter().map(|s| s.id).min() else {
+            return Ok(None);
+        };
+        if stored
+            .iter()
+            .all(|s| stored.iter().any(|t| t.id == s.thread_id))
+        {
+            return Ok(None);
+        }
+        let ids: Vec<i64> = stored.iter().map(|s| s.id).collect();
+        let db = self.store.db().await?;
+        store::messages::join_group(&db, me_id, &ids, first, Some(first)).await?;
+        Ok(Some(first))
     }
 
     /// Who the send goes to and, for a reply, the thread it joins. A reply

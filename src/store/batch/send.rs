@@ -341,8 +341,9 @@ pub(super) fn sends() -> String {
     -- win over the ids of copies that now conflict and are never stored.
     -- Only the same message's (subject, body and reply_to alike): a key
     -- used again for another text is another message, whose copies form
-    -- a group and thread of their own, named by a copy that is stored
-    -- (one with no earlier copy), so that one group is one text (search
+    -- a group and thread of their own, named by a copy with no earlier
+    -- copy (stored unless a concurrent send took its key first, which
+    -- `domain::send` repairs), so that one group is one text (search
     -- shows it once by its group) and `also_to` names its recipients only.
     stored AS MATERIALIZED (
         SELECT n.ord, n.id, n.sender_id, n.recipient_id, x.sord, x.idempotency_key,
