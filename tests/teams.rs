@@ -670,6 +670,12 @@ async fn a_key_used_again_for_another_text_racing_the_first_send_is_its_own_mess
     let got = ok(&c, "phone_inbox", z.with(json!({}))).await;
     assert_eq!(got["messages"][0]["thread_id"], z_copy.as_str(), "{got}");
     assert!(got["messages"][0]["also_to"].is_null(), "{got}");
+    assert_eq!(
+        app.count("SELECT count(*) FROM messages WHERE body = 'beta' AND group_id = id")
+            .await,
+        1,
+        "its group is its copy"
+    );
     let found = ok(&c, "phone_inbox", boss.with(json!({"query": "beta"}))).await;
     assert_eq!(found["messages"].as_array().unwrap().len(), 1, "{found}");
     app.stop().await;
