@@ -596,7 +596,8 @@ async fn a_retry_racing_the_first_try_joins_its_group() {
         &app.db().await,
         "the retry waits on the first try's keys",
         "SELECT count(*) >= 2 FROM pg_stat_activity
-         WHERE wait_event_type = 'Lock' AND query LIKE '%unnest%'",
+         WHERE datname = current_database() AND wait_event_type = 'Lock'
+           AND query LIKE '%unnest%'",
     )
     .await;
     lock.batch_execute("COMMIT").await.unwrap();
@@ -651,7 +652,8 @@ async fn a_key_used_again_for_another_text_racing_the_first_send_is_its_own_mess
         &app.db().await,
         "the second send waits too",
         "SELECT count(*) >= 2 FROM pg_stat_activity
-         WHERE wait_event_type = 'Lock' AND query LIKE '%unnest%'",
+         WHERE datname = current_database() AND wait_event_type = 'Lock'
+           AND query LIKE '%unnest%'",
     )
     .await;
     lock.batch_execute("COMMIT").await.unwrap();

@@ -383,7 +383,9 @@ pub async fn messages_scans_after(
 /// made stale, so the statement's presence write queues behind a lock this
 /// takes on the sender's row. Returns once the send waits for it, with the
 /// connection that holds the lock (`COMMIT` lets the send go on) and the
-/// send itself.
+/// send itself. Lock waits are looked for in this test's database only:
+/// the tests share one PostgreSQL, and another test's wait let a send start
+/// after the change it was meant to miss.
 pub async fn send_held_by_a_row_lock(
     app: &TestApp,
     sender: &Agent,
@@ -411,7 +413,8 @@ pub async fn send_held_by_a_row_lock(
         &app.db().await,
         "the send waits for the row lock",
         "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-                        WHERE wait_event_type = 'Lock' AND query LIKE '%unnest%')",
+                        WHERE datname = current_database() AND wait_event_type = 'Lock'
+                          AND query LIKE '%unnest%')",
     )
     .await;
     (lock, sending)
