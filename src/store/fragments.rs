@@ -72,8 +72,8 @@ pub const MESSAGE_SEARCH: &str = "(
 /// characters. Ranking parses each candidate's text again (the index is on
 /// an expression), at about 12-15 µs per 100 characters: whole, a hundred
 /// 5 kB reports cost a search 40-50 ms, and 50 kB bodies over half a
-/// second of the database's time. A match further in is still found, ranked after those
-/// whose words open the message.
+/// second of the database's time. A match further in is still found,
+/// ranked after those whose words open the message.
 pub const MESSAGE_WORDS: &str = "(
     setweight(to_tsvector('english'::regconfig, coalesce(m.subject, '')), 'A') ||
     setweight(to_tsvector('english'::regconfig, left(m.body, 300)), 'B'))";
