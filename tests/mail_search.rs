@@ -264,29 +264,28 @@ async fn a_group_send_is_one_search_result_for_its_sender() {
         assert_eq!(m["also_to"], json!(["bob", "dave"]), "{m}");
     }
     // A key used again for another text is another message: still two,
-    // each with its own recipients (the copy to carol conflicts).
-    for (to, body) in [
-        (json!(["bob", "carol"]), "Zebra alpha."),
-        (json!(["carol", "dave"]), "Zebra beta."),
-    ] {
-        ok(
-            &c,
-            "phone_send",
-            alice.with(json!({"to": to, "body": body, "idempotency_key": "zebra-1"})),
-        )
-        .await;
-    }
+    // each with its own recipients and thread (the copy to carol conflicts).
+    let send_twice = async |key: &str, texts: [String; 2]| {
+        for (to, body) in [json!(["bob", "carol"]), json!(["carol", "dave"])]
+            .into_iter()
+            .zip(texts)
+        {
+            ok(
+                &c,
+                "phone_send",
+                alice.with(json!({"to": to, "body": body, "idempotency_key": key})),
+            )
+            .await;
+        }
+    };
+    send_twice("zebra-1", ["Zebra alpha.".into(), "Zebra beta.".into()]).await;
     let zebras = ok(&c, "phone_inbox", alice.with(json!({"query": "zebra"}))).await;
-    let threads: Vec<&Value> = zebras["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| &m["thread_id"])
-        .collect();
-    assert_ne!(threads[0], threads[1], "{zebras}");
-    let mut got: Vec<(Value, Value, Value)> = zebras["messages"]
-        .as_array()
-        .unwrap()
+    let messages = zebras["messages"].as_array().unwrap();
+    assert_ne!(
+        messages[0]["thread_id"], messages[1]["thread_id"],
+        "{zebras}"
+    );
+    let mut got: Vec<(Value, Value, Value)> = messages
         .iter()
         .map(|m| (m["body"].clone(), m["to"].clone(), m["also_to"].clone()))
         .collect();
@@ -301,19 +300,11 @@ async fn a_group_send_is_one_search_result_for_its_sender() {
     );
     // So are long texts that differ only past their opening, at one length.
     let opening = "Okapi notes. ".repeat(40);
-    for (to, end) in [
-        (json!(["bob", "carol"]), "total 41."),
-        (json!(["carol", "dave"]), "total 42."),
-    ] {
-        ok(
-            &c,
-            "phone_send",
-            alice.with(
-                json!({"to": to, "body": format!("{opening}{end}"), "idempotency_key": "okapi-1"}),
-            ),
-        )
-        .await;
-    }
+    send_twice(
+        "okapi-1",
+        [format!("{opening}total 41."), format!("{opening}total 42.")],
+    )
+    .await;
     let okapis = ok(&c, "phone_inbox", alice.with(json!({"query": "okapi"}))).await;
     assert_eq!(bodies(&okapis).len(), 2, "{okapis}");
     // A recipient finds its own copies, told who else got them.

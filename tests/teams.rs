@@ -587,22 +587,7 @@ async fn a_retry_racing_the_first_try_joins_its_group() {
     // The first try takes its snapshot with `late` closed, then waits.
     let (lock, first) = send_held_by_a_row_lock(&app, &boss, args.clone()).await;
     set_policy(&c, &late, "open").await;
-    let retry = {
-        let c2 = other.client().await;
-        let args = args.clone();
-        tokio::spawn(async move { ok(&c2, "phone_send", args).await })
-    };
-    wait_until(
-        &app.db().await,
-        "the retry waits on the first try's keys",
-        "SELECT count(*) >= 2 FROM pg_stat_activity
-         WHERE datname = current_database() AND wait_event_type = 'Lock'
-           AND query LIKE '%unnest%'",
-    )
-    .await;
-    lock.batch_execute("COMMIT").await.unwrap();
-    let first = first.await.unwrap();
-    let retry = retry.await.unwrap();
+    let (first, retry) = race_the_held_send(&other, lock, first, args).await;
     assert!(first["recipients"][1]["error"].is_string(), "{first}");
     assert_eq!(
         retry["recipients"][0]["id"], first["recipients"][0]["id"],
@@ -644,21 +629,7 @@ async fn a_key_used_again_for_another_text_racing_the_first_send_is_its_own_mess
     let alpha = boss.with(json!({"to": ["x", "y"], "body": "alpha", "idempotency_key": "k3"}));
     let beta = boss.with(json!({"to": ["y", "z"], "body": "beta", "idempotency_key": "k3"}));
     let (lock, first) = send_held_by_a_row_lock(&app, &boss, alpha).await;
-    let second = {
-        let c2 = other.client().await;
-        tokio::spawn(async move { ok(&c2, "phone_send", beta).await })
-    };
-    wait_until(
-        &app.db().await,
-        "the second send waits too",
-        "SELECT count(*) >= 2 FROM pg_stat_activity
-         WHERE datname = current_database() AND wait_event_type = 'Lock'
-           AND query LIKE '%unnest%'",
-    )
-    .await;
-    lock.batch_execute("COMMIT").await.unwrap();
-    let first = first.await.unwrap();
-    let second = second.await.unwrap();
+    let (first, second) = race_the_held_send(&other, lock, first, beta).await;
     assert!(first["recipients"][1]["id"].is_string(), "{first}");
     assert!(second["recipients"][0]["error"].is_string(), "{second}");
     let z_copy = second["recipients"][1]["id"].as_str().unwrap().to_owned();
@@ -682,6 +653,21 @@ async fn a_key_used_again_for_another_text_racing_the_first_send_is_its_own_mess
     assert_eq!(found["messages"].as_array().unwrap().len(), 1, "{found}");
     app.stop().await;
     other.stop().await;
+}
+
+/// A send through `other` racing `first`, a send held by `lock`
+/// (`send_held_by_a_row_lock`): once both wait, the lock goes. Both
+/// answers, the held send's first.
+async fn race_the_held_send(
+    other: &TestApp,
+    lock: tokio_postgres::Client,
+    first: tokio::task::JoinHandle<Value>,
+    args: Value,
+) -> (Value, Value) {
+    let second = send_in_background(other, args).await;
+    sends_waiting_on_locks(other, 2).await;
+    lock.batch_execute("COMMIT").await.unwrap();
+    (first.await.unwrap(), second.await.unwrap())
 }
 
 /// `boss` and `a` in one project, `late` in another and closed to them.

@@ -405,17 +405,28 @@ pub async fn send_held_by_a_row_lock(
     )
     .await
     .unwrap();
-    let sending = {
-        let c = app.client().await;
-        tokio::spawn(async move { ok(&c, "phone_send", args).await })
-    };
+    let sending = send_in_background(app, args).await;
+    sends_waiting_on_locks(app, 1).await;
+    (lock, sending)
+}
+
+/// `phone_send` with `args` through `app`, answered in a task.
+pub async fn send_in_background(app: &TestApp, args: Value) -> tokio::task::JoinHandle<Value> {
+    let c = app.client().await;
+    tokio::spawn(async move { ok(&c, "phone_send", args).await })
+}
+
+/// Returns once `n` send statements wait on a lock in this test's database
+/// (the tests share one PostgreSQL).
+pub async fn sends_waiting_on_locks(app: &TestApp, n: i64) {
     wait_until(
         &app.db().await,
-        "the send waits for the row lock",
-        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-                        WHERE datname = current_database() AND wait_event_type = 'Lock'
-                          AND query LIKE '%unnest%')",
+        &format!("{n} sends wait on a lock"),
+        &format!(
+            "SELECT count(*) >= {n} FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'
+               AND query LIKE '%unnest%'"
+        ),
     )
     .await;
-    (lock, sending)
 }
