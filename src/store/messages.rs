@@ -166,10 +166,11 @@ pub async fn by_idempotency_keys(
         .collect())
 }
 
-/// Puts copies `ids` of a group send by `sender_id` into the thread and
-/// group of the copies an earlier try of it stored, unless they are there
-/// already. A retry racing that try (another replica) cannot see its
-/// uncommitted copies and gives the copies it stores a group of its own.
+/// Puts copies `ids` of a group send by `sender_id` into a thread and
+/// group, unless they are there already: those of the copies an earlier
+/// try of it stored (a retry racing that try, through another replica,
+/// cannot see its uncommitted copies and gives the copies it stores a
+/// group of its own), or its own lowest stored copy's (`domain::send`).
 pub async fn join_group(
     db: &Client,
     sender_id: i64,
