@@ -50,7 +50,7 @@ async fn index_entries_read(db: &tokio_postgres::Client) -> i64 {
         .unwrap();
     db.query_one(
         "SELECT idx_tup_read FROM pg_stat_user_indexes
-         WHERE indexrelname = 'messages_search_window_idx'",
+         WHERE indexrelname = 'messages_search_text_idx'",
         &[],
     )
     .await
@@ -329,6 +329,109 @@ async fn a_group_send_is_one_search_result_for_its_sender() {
 /// holds enough: each step counts the copies the filter kept, one per
 /// message. Counting only first copies, every step counted none, and the
 /// search read the older window and the whole mailbox too.
+/// A group send's text is in the search index once, on its first copy,
+/// which lists every recipient: its sender's search reads one entry, not
+/// one per copy; each recipient finds its own copy with its own read state;
+/// `with:` names the other party of the caller's copy (to a recipient, the
+/// sender, never a fellow recipient); and nobody else finds it.
+#[tokio::test]
+async fn a_group_send_is_indexed_once_and_each_recipient_finds_its_own_copy() {
+    let one = spawn_app().await;
+    let two = spawn_app_on(&one.database_url, &[]).await;
+    let (c1, c2) = (one.client().await, two.client().await);
+    let alice = register(&c1, "alice", "A", "p").await;
+    let mut crew = Vec::new();
+    for i in 1..=6 {
+        crew.push(register(&c1, &format!("crew-{i}"), "C", "p").await);
+    }
+    let stranger = register(&c1, "stranger", "S", "p").await;
+    let names: Vec<String> = (1..=6).map(|i| format!("crew-{i}")).collect();
+    let sent = ok(
+        &c1,
+        "phone_send",
+        alice.with(json!({"to": names, "body": "The walrus migration plan, final."})),
+    )
+    .await;
+    let copy_of = |i: usize| sent["recipients"][i]["id"].as_str().unwrap().to_owned();
+    // crew-3 reads its copy; the others have not.
+    let read = ok(&c2, "phone_inbox", crew[2].with(json!({}))).await;
+    assert_eq!(read["messages"][0]["id"], copy_of(2).as_str(), "{read}");
+
+    let db = one.db().await;
+    let before = index_entries_read(&db).await;
+    let found = ok(&c2, "phone_inbox", alice.with(json!({"query": "walrus"}))).await;
+    let entries = index_entries_read(&db).await - before;
+    eprintln!("the sender's search of a group send to 6: {entries} index entries read");
+    assert_eq!(bodies(&found).len(), 1, "{found}");
+    assert_eq!(found["messages"][0]["id"], copy_of(0).as_str(), "{found}");
+    assert_eq!(
+        found["messages"][0]["also_to"].as_array().unwrap().len(),
+        5,
+        "{found}"
+    );
+    // The search asks the index up to five times (id windows, then the
+    // whole mailbox), each time for the one first copy; with every copy
+    // indexed it read six entries each time.
+    assert!(
+        entries <= 5,
+        "{entries} index entries read for one group send"
+    );
+
+    for (i, agent) in crew.iter().enumerate() {
+        let found = ok(
+            &c2,
+            "phone_inbox",
+            agent.with(json!({"query": "walrus migration"})),
+        )
+        .await;
+        let messages = found["messages"].as_array().unwrap();
+        assert_eq!(messages.len(), 1, "crew-{}: {found}", i + 1);
+        assert_eq!(
+            messages[0]["id"],
+            copy_of(i).as_str(),
+            "crew-{}: {found}",
+            i + 1
+        );
+        assert_eq!(messages[0]["to"], names[i].as_str(), "{found}");
+        assert_eq!(
+            messages[0]["also_to"].as_array().unwrap().len(),
+            5,
+            "{found}"
+        );
+        assert_eq!(
+            messages[0]["read_at"].is_string(),
+            i == 2,
+            "crew-{}: {found}",
+            i + 1
+        );
+    }
+    let with =
+        |agent: &Agent, other: &str| agent.with(json!({"query": format!("walrus with:{other}")}));
+    let fellow = ok(&c2, "phone_inbox", with(&crew[1], "crew-3")).await;
+    assert!(
+        bodies(&fellow).is_empty(),
+        "a fellow recipient is not the other party: {fellow}"
+    );
+    let sender = ok(&c2, "phone_inbox", with(&crew[1], "alice")).await;
+    assert_eq!(sender["messages"][0]["id"], copy_of(1).as_str(), "{sender}");
+    let to_four = ok(&c2, "phone_inbox", with(&alice, "crew-4")).await;
+    assert_eq!(
+        to_four["messages"][0]["id"],
+        copy_of(3).as_str(),
+        "{to_four}"
+    );
+    assert_eq!(bodies(&to_four).len(), 1, "{to_four}");
+    let nothing = ok(
+        &c2,
+        "phone_inbox",
+        stranger.with(json!({"query": "walrus"})),
+    )
+    .await;
+    assert!(bodies(&nothing).is_empty(), "{nothing}");
+    one.stop().await;
+    two.stop().await;
+}
+
 #[tokio::test]
 async fn a_search_with_a_later_recipient_stays_in_the_newest_mail() {
     let app = spawn_app().await;
@@ -650,7 +753,7 @@ async fn a_listing_counts_the_unread_mail_once() {
     app.stop().await;
 }
 
-/// Migration V16 on a database where an operator's `CREATE INDEX
+/// Migration V17 on a database where an operator's `CREATE INDEX
 /// CONCURRENTLY` of the new search index failed: the invalid index it left
 /// is built again, not taken for done while the old index is dropped
 /// (search would then scan the whole table).
@@ -660,22 +763,22 @@ async fn the_search_index_migration_rebuilds_an_invalid_index_of_its_name() {
     let db = app.db().await;
     // As a failed concurrent build leaves it: the name taken, not valid.
     db.batch_execute(
-        "DROP INDEX messages_search_window_idx;
-         CREATE INDEX messages_search_window_idx ON messages (id);
+        "DROP INDEX messages_search_text_idx;
+         CREATE INDEX messages_search_text_idx ON messages (id);
          UPDATE pg_index SET indisvalid = false
-         WHERE indexrelid = 'messages_search_window_idx'::regclass;
-         CREATE INDEX messages_search_idx ON messages (sender_id);",
+         WHERE indexrelid = 'messages_search_text_idx'::regclass;
+         CREATE INDEX messages_search_window_idx ON messages (sender_id);",
     )
     .await
     .unwrap();
-    db.batch_execute(include_str!("../migrations/V16__search_window.sql"))
+    db.batch_execute(include_str!("../migrations/V17__group_text_once.sql"))
         .await
         .unwrap();
     let row = db
         .query_one(
             "SELECT i.indisvalid, pg_get_indexdef(i.indexrelid),
-                    to_regclass('messages_search_idx') IS NULL
-             FROM pg_index i WHERE i.indexrelid = 'messages_search_window_idx'::regclass",
+                    to_regclass('messages_search_window_idx') IS NULL
+             FROM pg_index i WHERE i.indexrelid = 'messages_search_text_idx'::regclass",
             &[],
         )
         .await
@@ -684,11 +787,76 @@ async fn the_search_index_migration_rebuilds_an_invalid_index_of_its_name() {
         (row.get(0), row.get(1), row.get(2));
     assert!(valid, "{definition}");
     assert!(definition.contains("USING gin"), "{definition}");
+    // Only mail to one and each group's first copy.
+    assert!(
+        definition.contains("WHERE ((group_id IS NULL) OR (group_id = id))"),
+        "{definition}"
+    );
     // Searches read the pending list of new entries whole: kept short.
     assert!(
         definition.contains("gin_pending_list_limit='64'"),
         "{definition}"
     );
     assert!(old_dropped);
+    app.stop().await;
+}
+
+/// Migration V17 on mail stored before it: every copy of a group send was
+/// indexed, and no first copy listed its group's recipients; a group whose
+/// first copy was never stored (it raced a send using its key for another
+/// text) was found through its other copies. After it, each recipient
+/// still finds its copy, and such a group is named after its lowest copy.
+#[tokio::test]
+async fn the_group_text_migration_keeps_older_group_sends_searchable() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let mut crew = Vec::new();
+    for name in ["ann", "ben", "cat"] {
+        crew.push(register(&c, name, "C", "p").await);
+    }
+    for body in ["Narwhal census, older.", "Narwhal census, orphaned."] {
+        ok(
+            &c,
+            "phone_send",
+            alice.with(json!({"to": ["ann", "ben", "cat"], "body": body})),
+        )
+        .await;
+    }
+    let db = app.db().await;
+    // As an older build left them.
+    db.batch_execute(
+        "UPDATE messages SET group_recipients = NULL;
+         UPDATE messages SET group_id = 999999999, thread_id = 999999999
+         WHERE body LIKE '%orphaned%';",
+    )
+    .await
+    .unwrap();
+    db.batch_execute(include_str!("../migrations/V17__group_text_once.sql"))
+        .await
+        .unwrap();
+    for agent in &crew {
+        let found = ok(
+            &c,
+            "phone_inbox",
+            agent.with(json!({"query": "narwhal census"})),
+        )
+        .await;
+        assert_eq!(bodies(&found).len(), 2, "{found}");
+        for m in found["messages"].as_array().unwrap() {
+            assert_eq!(m["also_to"].as_array().unwrap().len(), 2, "{m}");
+        }
+    }
+    let found = ok(&c, "phone_inbox", alice.with(json!({"query": "narwhal"}))).await;
+    assert_eq!(bodies(&found).len(), 2, "{found}");
+    assert_eq!(
+        app.count(
+            "SELECT count(*) FROM messages
+             WHERE body LIKE '%orphaned%' AND group_id = (
+                 SELECT min(id) FROM messages WHERE body LIKE '%orphaned%')"
+        )
+        .await,
+        3
+    );
     app.stop().await;
 }

@@ -558,6 +558,10 @@ async fn a_retry_that_stores_a_refused_copy_joins_the_first_group() {
     assert_eq!(got["messages"][0]["also_to"], json!(["a"]), "{got}");
     let got = ok(&c, "phone_inbox", a.with(json!({}))).await;
     assert_eq!(got["messages"][0]["also_to"], json!(["late"]), "{got}");
+    // Search finds it (the group's first copy, the only one indexed, lists
+    // the retry's recipient too).
+    let found = ok(&c, "phone_inbox", late.with(json!({"query": "plan"}))).await;
+    assert_eq!(found["messages"][0]["id"], late_copy.as_str(), "{found}");
     // Its thread exists: the copy's thread is a stored message.
     ok(
         &c,
@@ -601,6 +605,11 @@ async fn a_retry_racing_the_first_try_joins_its_group() {
     assert_eq!(got["messages"][0]["also_to"], json!(["late"]), "{got}");
     let found = ok(&c, "phone_inbox", boss.with(json!({"query": "plan"}))).await;
     assert_eq!(found["messages"].as_array().unwrap().len(), 1, "{found}");
+    let found = ok(&c, "phone_inbox", late.with(json!({"query": "plan"}))).await;
+    assert_eq!(
+        found["messages"][0]["id"], retry["recipients"][1]["id"],
+        "{found}"
+    );
     assert_eq!(
         app.count("SELECT count(DISTINCT group_id) FROM messages")
             .await,
@@ -651,6 +660,8 @@ async fn a_key_used_again_for_another_text_racing_the_first_send_is_its_own_mess
     );
     let found = ok(&c, "phone_inbox", boss.with(json!({"query": "beta"}))).await;
     assert_eq!(found["messages"].as_array().unwrap().len(), 1, "{found}");
+    let found = ok(&c, "phone_inbox", z.with(json!({"query": "beta"}))).await;
+    assert_eq!(found["messages"][0]["id"], z_copy.as_str(), "{found}");
     app.stop().await;
     other.stop().await;
 }

@@ -244,8 +244,9 @@ impl Phone {
             .join_earlier_group(me_id, &req, reply_to, &targets, &outcome, &earlier)
             .await?
         {
-            None if group && thread_id.is_none() => {
-                self.name_by_a_stored_copy(me_id, &outcome).await?
+            None if group => {
+                self.name_by_a_stored_copy(me_id, thread_id, &outcome)
+                    .await?
             }
             joined => joined,
         };
@@ -345,24 +346,26 @@ impl Phone {
             .iter()
             .filter_map(|c| c.stored.as_ref().map(|s| s.id))
             .collect();
-        if fresh.is_empty() || earlier.group_id.is_none() {
+        let Some(group_id) = earlier.group_id.filter(|_| !fresh.is_empty()) else {
             return Ok(None);
-        }
+        };
         let db = self.store.db().await?;
-        store::messages::join_group(&db, me_id, &fresh, earlier.thread_id, earlier.group_id)
-            .await?;
+        store::messages::join_group(&db, me_id, &fresh, earlier.thread_id, group_id).await?;
         Ok(Some(earlier.thread_id))
     }
 
     /// A group send that raced another send using its key for another text
     /// (through another replica, or in the same batch) cannot see that
-    /// send's copies, and may have named its thread and group after a copy
-    /// of its own that then conflicted and was never stored: a thread no
-    /// `phone_thread` finds. They move to its lowest stored copy. The
-    /// thread they are in then, if changed.
+    /// send's copies, and may have named its group (and, unless it is a
+    /// reply, its thread) after a copy of its own that then conflicted and
+    /// was never stored: a thread no `phone_thread` finds, and a group whose
+    /// text search cannot find (only a group's first copy is indexed). They
+    /// move to its lowest stored copy (a reply stays in its thread,
+    /// `reply_thread`). The thread they are in then, if changed.
     async fn name_by_a_stored_copy(
         &self,
         me_id: i64,
+        reply_thread: Option<i64>,
         outcome: &store::SendOutcome,
     ) -> Result<Option<i64>, PhoneError> {
         let stored: Vec<&store::Stored> = outcome
@@ -373,16 +376,19 @@ impl Phone {
         let Some(first) = stored.iter().map(|s| s.id).min() else {
             return Ok(None);
         };
-        if stored
-            .iter()
-            .all(|s| stored.iter().any(|t| t.id == s.thread_id))
-        {
+        let named_by_a_stored_copy =
+            |id: Option<i64>| id.is_none_or(|id| stored.iter().any(|t| t.id == id));
+        if stored.iter().all(|s| {
+            named_by_a_stored_copy(s.group_id)
+                && (reply_thread.is_some() || named_by_a_stored_copy(Some(s.thread_id)))
+        }) {
             return Ok(None);
         }
+        let thread = reply_thread.unwrap_or(first);
         let ids: Vec<i64> = stored.iter().map(|s| s.id).collect();
         let db = self.store.db().await?;
-        store::messages::join_group(&db, me_id, &ids, first, Some(first)).await?;
-        Ok(Some(first))
+        store::messages::join_group(&db, me_id, &ids, thread, first).await?;
+        Ok(Some(thread))
     }
 
     /// Who the send goes to and, for a reply, the thread it joins. A reply

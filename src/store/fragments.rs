@@ -56,16 +56,25 @@ pub fn available_to(recipient: &str) -> String {
     )
 }
 
-/// A message's words and parties as `messages_search_window_idx` indexes
-/// them (migration V16, character for character): a tsvector of `messages
+/// A message's words and parties as `messages_search_text_idx` indexes
+/// them (migration V17, character for character): a tsvector of `messages
 /// m`. Each party twice: `'p <id>'`, and `'p <id> <message id >> 12>'` (its
-/// mail by id window; `mail_search`).
+/// mail by id window; `mail_search`). A group send's first copy carries
+/// every copy's recipient (`group_recipients`), and only it is indexed
+/// ([`SEARCHED_ROWS`]): its text is parsed and indexed once, not once per
+/// recipient.
 pub const MESSAGE_SEARCH: &str = "(
     setweight(to_tsvector('english'::regconfig, coalesce(m.subject, '')), 'A') ||
     setweight(to_tsvector('english'::regconfig, m.body), 'B') ||
-    array_to_tsvector(ARRAY['p ' || m.sender_id, 'p ' || m.recipient_id,
-                            'p ' || m.sender_id || ' ' || (m.id >> 12),
-                            'p ' || m.recipient_id || ' ' || (m.id >> 12)]))";
+    array_to_tsvector(ARRAY['p ' || m.sender_id, 'p ' || m.sender_id || ' ' || (m.id >> 12)] ||
+        CASE WHEN m.group_recipients IS NULL
+             THEN ARRAY['p ' || m.recipient_id, 'p ' || m.recipient_id || ' ' || (m.id >> 12)]
+             ELSE message_group_parties(m.group_recipients, m.id) END))";
+
+/// The rows `messages_search_text_idx` holds (its predicate, character for
+/// character, so that a query naming it may use the index): mail to one,
+/// and the first copy of each group send.
+pub const SEARCHED_ROWS: &str = "(m.group_id IS NULL OR m.group_id = m.id)";
 
 /// A message's words as ranking reads them, weighted (subject above body):
 /// the subject and the body's opening, its first [`RANK_OPENING_CHARS`]

@@ -6,8 +6,8 @@ use std::sync::LazyLock;
 use chrono::{DateTime, Utc};
 
 use super::fragments::{
-    MESSAGE_SEARCH, MESSAGE_WORDS, SENDER_LOOKUP, caller_by_token, message_columns_searched_by,
-    presence_write,
+    MESSAGE_SEARCH, MESSAGE_WORDS, SEARCHED_ROWS, SENDER_LOOKUP, caller_by_token,
+    message_columns_searched_by, presence_write,
 };
 use super::messages::{Polled, count_waiting};
 use super::{Client, StoreError};
@@ -28,14 +28,19 @@ pub struct MailQuery<'a> {
 /// `$1` token digest, `$2` claimed name, `$3` words, `$4` the other party's
 /// name (NULL: any), `$5` thread (NULL: any), `$6` sent at or after (NULL:
 /// any), `$7` rows, `$8` rows skipped, `$9` cap of the unread count. One row
-/// per message (a group send the caller made: one, see [`SENT_GROUP`]), best
-/// first (or one without a message), each with `me_id` and the caller's
-/// unread count as `waiting`.
+/// per message, best first (or one without a message), each with `me_id`
+/// and the caller's unread count as `waiting`.
 ///
-/// Only ever the caller's mail, twice over: the tsquery ANDs one of the
-/// caller's own lexemes (`'p <id>'` or its windows, see migrations V13 and
-/// V16), so `messages_search_window_idx` yields only its messages, and every
-/// row is checked to be sent or received by it.
+/// Only ever the caller's mail, three times over: the tsquery ANDs one of
+/// the caller's own lexemes (`'p <id>'` or its windows, see migrations V13,
+/// V16 and V17), so `messages_search_text_idx` yields only its messages;
+/// every match is checked to be sent or received by it; and the row shown
+/// is the caller's own copy (see [`SHOWN`]).
+///
+/// A group send is one match: the index holds only its first copy, which
+/// lists every recipient (V17). Its sender sees that copy, with the other
+/// recipients in `also_to`; a recipient sees its own copy, with its own
+/// read state.
 ///
 /// The best of the newest [`SEARCH_CANDIDATES`] matches. They are asked
 /// for in the caller's newest id windows (4,096 ids each), 1, then 2, 4, …
@@ -57,16 +62,24 @@ pub struct MailQuery<'a> {
 /// their own without an order, so no plan can look for them by walking the
 /// primary key backwards and parsing every body.
 static SEARCH: LazyLock<String> = LazyLock::new(|| {
-    let filters = "(SELECT numnode(words) > 0 FROM q)
+    let filters = format!(
+        "(SELECT numnode(words) > 0 FROM q)
                     -- `IS TRUE` keeps the planner from ANDing the sender and
                     -- inbox indexes (a whole mailbox) into the GIN scan.
-                    AND (m.sender_id = me.id OR m.recipient_id = me.id) IS TRUE
+                    AND {SEARCHED_ROWS}
+                    AND (m.sender_id = me.id OR m.recipient_id = me.id
+                         OR me.id = ANY (m.group_recipients)) IS TRUE
+                    -- The other party: to its sender, a recipient; to a
+                    -- recipient, the sender.
                     AND ($4::text IS NULL OR EXISTS (
                             SELECT 1 FROM agents o
-                            WHERE o.name = $4::text AND o.id IN (m.sender_id, m.recipient_id)
-                              AND o.id <> me.id))
+                            WHERE o.name = $4::text AND o.id <> me.id
+                              AND CASE WHEN m.sender_id = me.id
+                                       THEN o.id = m.recipient_id OR o.id = ANY (m.group_recipients)
+                                       ELSE o.id = m.sender_id END))
                     AND ($5::bigint IS NULL OR m.thread_id = $5::bigint)
-                    AND ($6::timestamptz IS NULL OR m.sent_at >= $6::timestamptz)";
+                    AND ($6::timestamptz IS NULL OR m.sent_at >= $6::timestamptz)"
+    );
     let enough = SEARCH_CANDIDATES;
     let widths: Vec<i64> = std::iter::successors(Some(1), |w| Some(w * 2))
         .take_while(|w| *w <= WINDOWS_MAX)
@@ -84,7 +97,7 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
     for (k, width) in widths.iter().enumerate() {
         steps.push_str(&format!(
             "step{k} AS MATERIALIZED (
-                 SELECT m.id, {SENT_GROUP} FROM messages m, me
+                 SELECT m.id FROM messages m, me
                  WHERE {gate}
                    AND {MESSAGE_SEARCH} @@ (
                        SELECT q.wanted && string_agg(format('''p %s %s''', me.id, w), ' | ')::tsquery
@@ -96,7 +109,7 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
             before = width - 1,
         ));
         picked.push(format!(
-            "SELECT id, sent_group FROM step{k} WHERE (SELECT n FROM found{k}) >= {enough}"
+            "SELECT id FROM step{k} WHERE (SELECT n FROM found{k}) >= {enough}"
         ));
     }
     format!(
@@ -127,19 +140,22 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
               matched AS MATERIALIZED (
                   {picked}
                   UNION ALL
-                  SELECT m.id, {SENT_GROUP} FROM messages m, me
+                  SELECT m.id FROM messages m, me
                   WHERE {gate}
                     AND {MESSAGE_SEARCH} @@ (SELECT mine FROM q) AND {filters}),
-              ranked AS MATERIALIZED (
-                  SELECT m.*, ts_rank({MESSAGE_WORDS}, q.words) AS rank
-                  FROM messages m, q
-                  WHERE m.id = ANY (ARRAY(
-                      SELECT id FROM matched WHERE sent_group IS NULL
-                      UNION ALL
-                      SELECT min(id) FROM matched WHERE sent_group IS NOT NULL GROUP BY sent_group
-                      ORDER BY 1 DESC LIMIT {SEARCH_CANDIDATES}))
-                  ORDER BY rank DESC, m.id DESC
+              -- The page: each candidate ranked by its text and shown as
+              -- the caller's copy, then that copy's columns.
+              page AS MATERIALIZED (
+                  SELECT p.shown, p.rank FROM (
+                      SELECT {SHOWN} AS shown, ts_rank({MESSAGE_WORDS}, q.words) AS rank
+                      FROM messages m, q, me
+                      WHERE m.id = ANY (ARRAY(
+                          SELECT id FROM matched ORDER BY 1 DESC LIMIT {SEARCH_CANDIDATES}))) p
+                  WHERE p.shown IS NOT NULL
+                  ORDER BY p.rank DESC, p.shown DESC
                   LIMIT $7 OFFSET $8),
+              ranked AS MATERIALIZED (
+                  SELECT m.*, p.rank FROM page p JOIN messages m ON m.id = p.shown),
               waiting AS ({waiting})
          SELECT me.id AS me_id, {columns}, waiting.n AS waiting
          FROM me CROSS JOIN waiting
@@ -156,24 +172,26 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// A group send the caller made is one result, not one per recipient: its
-/// copies share the words, and twenty of them would fill a page and crowd
-/// older mail out of the candidates. Each match carries what identifies
-/// its message among the caller's own group sends, its group (one text
-/// each: a key used again for another text starts a group of its own,
-/// `store::batch::send`); NULL for mail to one and for mail the caller
-/// received, each its own result. The steps count, and the ranking takes,
-/// one match per such message (its lowest id: the copy to the first
-/// recipient unless a filter left that one out), which shows the other
-/// recipients.
-const SENT_GROUP: &str = "CASE WHEN m.sender_id = me.id THEN m.group_id END AS sent_group";
+/// The caller's own copy of a match, by id. Mail to one: the match. A
+/// group send the caller made: its first copy (the match), or with
+/// `with:` the copy to that agent (`messages_group_idx`). A group send to
+/// the caller among others: the caller's copy in that group, NULL when it
+/// has none (a recipient listed on the first copy whose own copy was never
+/// stored: its idempotency key was another send's).
+const SHOWN: &str = "CASE WHEN m.group_id IS NULL THEN m.id
+                          WHEN m.sender_id = me.id THEN coalesce((
+                              SELECT c.id FROM messages c
+                              WHERE $4::text IS NOT NULL AND c.group_id = m.group_id
+                                AND c.recipient_id IN (SELECT o.id FROM agents o WHERE o.name = $4::text)
+                              ORDER BY c.id LIMIT 1), m.id)
+                          WHEN m.recipient_id = me.id THEN m.id
+                          ELSE (SELECT c.id FROM messages c
+                                WHERE c.group_id = m.group_id AND c.recipient_id = me.id
+                                ORDER BY c.id LIMIT 1) END";
 
-/// A step's matches (`n`), one per message: counted once per step, and
-/// only the caller's own group copies are sorted for it (as a count per
-/// gate over every match, 2.4 → 3.0 ms per search in the teams phase of
-/// `make bench`).
-const FOUND: &str = "SELECT count(*) FILTER (WHERE sent_group IS NULL)
-            + count(DISTINCT sent_group) FILTER (WHERE sent_group IS NOT NULL) AS n";
+/// A step's matches (`n`): one per message, a group send's first copy
+/// standing for all of its copies.
+const FOUND: &str = "SELECT count(*) AS n";
 
 /// The most id windows (4,096 ids each) a search asks before the whole
 /// mailbox: 1, 2, 4, then 8 (32,768 ids). Further doubling cost a rare word

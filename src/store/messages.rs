@@ -166,23 +166,34 @@ pub async fn by_idempotency_keys(
         .collect())
 }
 
-/// Puts copies `ids` of a group send by `sender_id` into a thread and
-/// group, unless they are there already: those of the copies an earlier
-/// try of it stored (a retry racing that try, through another replica,
-/// cannot see its uncommitted copies and gives the copies it stores a
-/// group of its own), or its own lowest stored copy's (`domain::send`).
+/// Puts copies `ids` of a group send by `sender_id` into thread
+/// `thread_id` and group `group_id`, unless they are there already: those
+/// of the copies an earlier try of it stored (a retry racing that try,
+/// through another replica, cannot see its uncommitted copies and gives
+/// the copies it stores a group of its own), or its own lowest stored
+/// copy's (`domain::send`). The group's first copy (`id = group_id`, one of
+/// `ids` or the earlier try's) then lists the recipients of all of them,
+/// as the search index reads them (migration V17); the others list none.
 pub async fn join_group(
     db: &Client,
     sender_id: i64,
     ids: &[i64],
     thread_id: i64,
-    group_id: Option<i64>,
+    group_id: i64,
 ) -> Result<(), StoreError> {
     let stmt = db
         .prepare_cached(
-            "UPDATE messages SET thread_id = $3, group_id = $4
-             WHERE sender_id = $1 AND id = ANY ($2::bigint[])
-               AND (thread_id, group_id) IS DISTINCT FROM ($3, $4)",
+            "WITH moved AS (
+                 UPDATE messages SET thread_id = $3, group_id = $4, group_recipients = NULL
+                 WHERE sender_id = $1 AND id = ANY ($2::bigint[]) AND id <> $4
+                   AND (thread_id, group_id, group_recipients) IS DISTINCT FROM ($3, $4, NULL))
+             UPDATE messages l
+             SET thread_id = $3, group_id = $4, group_recipients = ARRAY(
+                     SELECT DISTINCT u.r FROM unnest(
+                         coalesce(l.group_recipients, ARRAY[l.recipient_id]) || ARRAY(
+                             SELECT c.recipient_id FROM messages c
+                             WHERE c.sender_id = $1 AND c.id = ANY ($2::bigint[]))) AS u(r))
+             WHERE l.id = $4 AND l.sender_id = $1",
         )
         .await?;
     db.execute(&stmt, &[&sender_id, &ids, &thread_id, &group_id])

@@ -387,9 +387,10 @@ static MAIL_BATCH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
          SELECT false, z.ord, z.sender_id, CASE WHEN z.took THEN z.id END,
                 NULL, NULL, NULL, NULL, NULL, NULL,
                 CASE WHEN z.took THEN z.thread_id END, CASE WHEN z.took THEN now() END,
-                NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                NULL, NULL, NULL, NULL, NULL, CASE WHEN z.took THEN z.group_id END, NULL, NULL,
                 CASE WHEN z.took THEN z.recipient_id END, z.refusal, z.hooked AND z.took
-         FROM (SELECT rs.ord, rs.sender_id, rs.hooked, d.refusal, s.id, s.thread_id, s.recipient_id,
+         FROM (SELECT rs.ord, rs.sender_id, rs.hooked, d.refusal, s.id, s.thread_id, s.group_id,
+                      s.recipient_id,
                       -- stored, not an idempotent replay (`sent_at` is the
                       -- insert's default, the statement's now())
                       coalesce(s.id IN (SELECT id FROM inserted), false) AS took

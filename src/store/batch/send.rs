@@ -72,6 +72,8 @@ pub struct CopyOutcome {
 pub struct Stored {
     pub id: i64,
     pub thread_id: i64,
+    /// The group of a copy of a group send (its first copy's id).
+    pub group_id: Option<i64>,
     pub sent_at: DateTime<Utc>,
 }
 
@@ -92,6 +94,7 @@ impl SendOutcome {
                 stored: row.get::<_, Option<i64>>("id").map(|id| Stored {
                     id,
                     thread_id: row.get("thread_id"),
+                    group_id: row.get("group_id"),
                     sent_at: row.get("sent_at"),
                 }),
                 refusal: row.get("refusal"),
@@ -346,36 +349,61 @@ pub(super) fn sends() -> String {
     -- `domain::send` repairs), so that one group is one text (search
     -- shows it once by its group) and `also_to` names its recipients only.
     stored AS MATERIALIZED (
-        SELECT n.ord, n.id, n.sender_id, n.recipient_id, x.sord, x.idempotency_key,
-               coalesce(r.thread_id, min(o.thread_id) FILTER (WHERE o.same) OVER same_send,
-                        min(n.id) FILTER (WHERE o.same IS NULL) OVER same_send,
-                        min(n.id) OVER same_send) AS thread_id,
-               CASE WHEN x.copies > 1
-                    THEN coalesce(min(o.group_id) FILTER (WHERE o.same) OVER same_send,
-                                  min(n.id) FILTER (WHERE o.same IS NULL) OVER same_send,
-                                  min(n.id) OVER same_send)
-               END AS group_id
-        FROM numbered n
-        JOIN scopy x ON x.ord = n.ord
-        JOIN sreq r ON r.sord = x.sord
-        LEFT JOIN LATERAL (
-            SELECT m.thread_id, m.group_id,
-                   m.body = r.body AND m.subject IS NOT DISTINCT FROM r.subject
-                       AND m.reply_to IS NOT DISTINCT FROM r.reply_to AS same
-            FROM messages m
-            WHERE x.copies > 1 AND x.idempotency_key IS NOT NULL
-              AND m.sender_id = n.sender_id AND m.idempotency_key = x.idempotency_key
-            OFFSET 0) o ON true
-        WINDOW same_send AS (PARTITION BY x.sord)),
+        SELECT g.ord, g.id, g.sender_id, g.recipient_id, g.sord, g.idempotency_key, g.thread_id,
+               g.group_id,
+               -- A group's first copy lists every recipient of the copies
+               -- stored with it: the search index holds its text once,
+               -- with each recipient's lexeme (migration V17).
+               CASE WHEN g.group_id = g.id
+                    THEN array_agg(g.recipient_id) FILTER (WHERE g.fresh) OVER (PARTITION BY g.sord)
+               END AS group_recipients
+        FROM (
+            SELECT n.ord, n.id, n.sender_id, n.recipient_id, x.sord, x.idempotency_key,
+                   o.same IS NULL AS fresh,
+                   coalesce(r.thread_id, min(o.thread_id) FILTER (WHERE o.same) OVER same_send,
+                            min(n.id) FILTER (WHERE o.same IS NULL) OVER same_send,
+                            min(n.id) OVER same_send) AS thread_id,
+                   CASE WHEN x.copies > 1
+                        THEN coalesce(min(o.group_id) FILTER (WHERE o.same) OVER same_send,
+                                      min(n.id) FILTER (WHERE o.same IS NULL) OVER same_send,
+                                      min(n.id) OVER same_send)
+                   END AS group_id
+            FROM numbered n
+            JOIN scopy x ON x.ord = n.ord
+            JOIN sreq r ON r.sord = x.sord
+            LEFT JOIN LATERAL (
+                SELECT m.thread_id, m.group_id,
+                       m.body = r.body AND m.subject IS NOT DISTINCT FROM r.subject
+                           AND m.reply_to IS NOT DISTINCT FROM r.reply_to AS same
+                FROM messages m
+                WHERE x.copies > 1 AND x.idempotency_key IS NOT NULL
+                  AND m.sender_id = n.sender_id AND m.idempotency_key = x.idempotency_key
+                OFFSET 0) o ON true
+            WINDOW same_send AS (PARTITION BY x.sord)) g),
     inserted AS (
         INSERT INTO messages (id, sender_id, recipient_id, subject, body, reply_to, thread_id,
-                              idempotency_key, expires_at, group_id)
+                              idempotency_key, expires_at, group_id, group_recipients)
         SELECT s.id, s.sender_id, s.recipient_id, r.subject, r.body, r.reply_to, s.thread_id,
-               s.idempotency_key, now() + make_interval(secs => r.expires_in), s.group_id
+               s.idempotency_key, now() + make_interval(secs => r.expires_in), s.group_id,
+               s.group_recipients
         FROM stored s
         JOIN sreq r ON r.sord = s.sord
         ON CONFLICT (sender_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-        RETURNING id, sender_id, recipient_id),
+        RETURNING id, sender_id, recipient_id, group_id),
+    -- A retry's new copies that joined an earlier try's group: its first
+    -- copy lists their recipients too, so that search finds their text.
+    regrouped AS (
+        UPDATE messages l
+        SET group_recipients = ARRAY(
+                SELECT DISTINCT u.r
+                FROM unnest(coalesce(l.group_recipients, ARRAY[l.recipient_id])
+                            || ARRAY(SELECT i.recipient_id FROM inserted i WHERE i.group_id = l.id)) AS u(r))
+        -- Ids as an array: one probe of the primary key each. As a join,
+        -- a generic plan made on an empty table merged with a walk of the
+        -- whole primary key.
+        WHERE l.id = ANY (ARRAY(
+            SELECT DISTINCT i.group_id FROM inserted i
+            WHERE i.group_id IS NOT NULL AND i.group_id NOT IN (SELECT id FROM stored)))),
     hour_counted AS (
         INSERT INTO send_counts AS sc (sender_id, hour_start, sends)
         SELECT sender_id, now(), count(*)
