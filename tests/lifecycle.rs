@@ -174,3 +174,46 @@ async fn retention_deletes_old_messages_on_every_replica() {
     pruner.stop().await;
     one.stop().await;
 }
+
+/// Retention deletes a group send's first copy (the one search finds the
+/// group by) while a copy a retry added to the group later is kept: that
+/// copy's recipient and its sender still find it.
+#[tokio::test]
+async fn retention_keeps_a_later_copy_of_a_group_searchable() {
+    let one = spawn_app().await;
+    let c = one.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    register(&c, "bob", "B", "p").await;
+    let carol = register(&c, "carol", "C", "else").await;
+    let policy = |p: &str| carol.with(json!({"contact_policy": p}));
+    ok(&c, "phone_settings", policy("closed")).await;
+    let args = alice.with(
+        json!({"to": ["bob", "carol"], "body": "The albatross budget.", "idempotency_key": "g"}),
+    );
+    let first = ok(&c, "phone_send", args.clone()).await;
+    assert!(first["recipients"][1]["error"].is_string(), "{first}");
+    ok(&c, "phone_settings", policy("open")).await;
+    let retry = ok(&c, "phone_send", args).await;
+    let late = retry["recipients"][1]["id"].as_str().unwrap().to_owned();
+    let db = one.db().await;
+    db.execute(
+        "UPDATE messages SET sent_at = now() - interval '40 days'
+         WHERE id = (SELECT min(id) FROM messages)",
+        &[],
+    )
+    .await
+    .unwrap();
+    let pruner = spawn_app_on(&one.database_url, &[("PHONE_RETENTION_DAYS", "30")]).await;
+    wait_until(
+        &db,
+        "the first copy deleted, the group named after the copy left",
+        "SELECT count(*) = 1 AND bool_and(group_id = id) FROM messages",
+    )
+    .await;
+    let found = ok(&c, "phone_inbox", carol.with(json!({"query": "albatross"}))).await;
+    assert_eq!(found["messages"][0]["id"], late.as_str(), "{found}");
+    let found = ok(&c, "phone_inbox", alice.with(json!({"query": "albatross"}))).await;
+    assert_eq!(found["messages"][0]["id"], late.as_str(), "{found}");
+    pruner.stop().await;
+    one.stop().await;
+}

@@ -753,7 +753,7 @@ async fn a_listing_counts_the_unread_mail_once() {
     app.stop().await;
 }
 
-/// Migration V17 on a database where an operator's `CREATE INDEX
+/// Migration V18 on a database where an operator's `CREATE INDEX
 /// CONCURRENTLY` of the new search index failed: the invalid index it left
 /// is built again, not taken for done while the old index is dropped
 /// (search would then scan the whole table).
@@ -771,7 +771,7 @@ async fn the_search_index_migration_rebuilds_an_invalid_index_of_its_name() {
     )
     .await
     .unwrap();
-    db.batch_execute(include_str!("../migrations/V17__group_text_once.sql"))
+    db.batch_execute(include_str!("../migrations/V18__group_text_once.sql"))
         .await
         .unwrap();
     let row = db
@@ -801,11 +801,13 @@ async fn the_search_index_migration_rebuilds_an_invalid_index_of_its_name() {
     app.stop().await;
 }
 
-/// Migration V17 on mail stored before it: every copy of a group send was
+/// Migration V18 on mail stored before it: every copy of a group send was
 /// indexed, and no first copy listed its group's recipients; a group whose
 /// first copy was never stored (it raced a send using its key for another
-/// text) was found through its other copies. After it, each recipient
-/// still finds its copy, and such a group is named after its lowest copy.
+/// text) was found through its other copies; and builds before 5b44ec6 put
+/// a key used again for another text into the first send's group (one
+/// group, two texts). After it, each recipient still finds its copy by
+/// its own words, and each such group is named after its lowest copy.
 #[tokio::test]
 async fn the_group_text_migration_keeps_older_group_sends_searchable() {
     let app = spawn_app().await;
@@ -823,16 +825,24 @@ async fn the_group_text_migration_keeps_older_group_sends_searchable() {
         )
         .await;
     }
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": ["ann", "cat"], "body": "Pelican invoice, overdue."})),
+    )
+    .await;
     let db = app.db().await;
     // As an older build left them.
     db.batch_execute(
         "UPDATE messages SET group_recipients = NULL;
          UPDATE messages SET group_id = 999999999, thread_id = 999999999
-         WHERE body LIKE '%orphaned%';",
+         WHERE body LIKE '%orphaned%';
+         UPDATE messages SET group_id = (SELECT min(id) FROM messages)
+         WHERE body LIKE 'Pelican%';",
     )
     .await
     .unwrap();
-    db.batch_execute(include_str!("../migrations/V17__group_text_once.sql"))
+    db.batch_execute(include_str!("../migrations/V18__group_text_once.sql"))
         .await
         .unwrap();
     for agent in &crew {
@@ -849,6 +859,11 @@ async fn the_group_text_migration_keeps_older_group_sends_searchable() {
     }
     let found = ok(&c, "phone_inbox", alice.with(json!({"query": "narwhal"}))).await;
     assert_eq!(bodies(&found).len(), 2, "{found}");
+    for (agent, also) in [(&crew[0], "cat"), (&crew[2], "ann")] {
+        let found = ok(&c, "phone_inbox", agent.with(json!({"query": "pelican"}))).await;
+        assert_eq!(bodies(&found), ["Pelican invoice, overdue."], "{found}");
+        assert_eq!(found["messages"][0]["also_to"], json!([also]), "{found}");
+    }
     assert_eq!(
         app.count(
             "SELECT count(*) FROM messages

@@ -666,6 +666,49 @@ async fn a_key_used_again_for_another_text_racing_the_first_send_is_its_own_mess
     other.stop().await;
 }
 
+/// A group whose repair after the commit never ran (the replica died, the
+/// database timed out): its first copy lists only some recipients, or no
+/// stored copy names it. Retrying the send, a replay, mends it, and every
+/// recipient finds its copy by search again.
+#[tokio::test]
+async fn a_replay_mends_a_group_its_repair_left_unsearchable() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let boss = register(&c, "boss", "B", "team").await;
+    let x = register(&c, "x", "X", "team").await;
+    let y = register(&c, "y", "Y", "team").await;
+    let db = app.db().await;
+    for (key, broken) in [
+        (
+            "k1",
+            "UPDATE messages SET group_recipients = ARRAY[recipient_id] WHERE group_id = id",
+        ),
+        (
+            "k2",
+            "UPDATE messages SET group_id = 999999999, group_recipients = NULL WHERE body = 'k2'",
+        ),
+    ] {
+        let args = boss.with(json!({"to": ["x", "y"], "body": key, "idempotency_key": key}));
+        let sent = ok(&c, "phone_send", args.clone()).await;
+        db.batch_execute(broken).await.unwrap();
+        let found = ok(&c, "phone_inbox", y.with(json!({"query": key}))).await;
+        assert!(
+            found["messages"].as_array().unwrap().is_empty(),
+            "{key}: {found}"
+        );
+        let replay = ok(&c, "phone_send", args).await;
+        assert_eq!(replay["recipients"], sent["recipients"], "{replay}");
+        for (i, agent) in [&x, &y].into_iter().enumerate() {
+            let found = ok(&c, "phone_inbox", agent.with(json!({"query": key}))).await;
+            assert_eq!(
+                found["messages"][0]["id"], sent["recipients"][i]["id"],
+                "{key}: {found}"
+            );
+        }
+    }
+    app.stop().await;
+}
+
 /// A send through `other` racing `first`, a send held by `lock`
 /// (`send_held_by_a_row_lock`): once both wait, the lock goes. Both
 /// answers, the held send's first.

@@ -324,7 +324,9 @@ impl Phone {
     /// A group send whose copies are partly new and partly an earlier
     /// try's (the same send, retried): the new copies join the earlier
     /// copies' thread and group, which a retry racing that try on another
-    /// replica could not see. The thread they are in then, if changed.
+    /// replica could not see. A replay with nothing new mends the earlier
+    /// group instead, in case a repair after that try never ran. The
+    /// thread they are in then, if changed.
     async fn join_earlier_group(
         &self,
         me_id: i64,
@@ -346,12 +348,43 @@ impl Phone {
             .iter()
             .filter_map(|c| c.stored.as_ref().map(|s| s.id))
             .collect();
-        let Some(group_id) = earlier.group_id.filter(|_| !fresh.is_empty()) else {
+        let Some(group_id) = earlier.group_id else {
             return Ok(None);
         };
-        let db = self.store.db().await?;
-        store::messages::join_group(&db, me_id, &fresh, earlier.thread_id, group_id).await?;
+        if fresh.is_empty() {
+            self.repair_group(me_id, Vec::new(), earlier.thread_id, group_id)
+                .await?;
+            return Ok(None);
+        }
+        self.repair_group(me_id, fresh, earlier.thread_id, group_id)
+            .await?;
         Ok(Some(earlier.thread_id))
+    }
+
+    /// Puts `ids` into `thread` and `group` and mends the group
+    /// (`join_group`; with no ids, `heal_groups` alone), to the end even if
+    /// the caller goes away meanwhile: the copies are committed, and a
+    /// group left half-repaired keeps them from search.
+    async fn repair_group(
+        &self,
+        me_id: i64,
+        ids: Vec<i64>,
+        thread: i64,
+        group: i64,
+    ) -> Result<(), PhoneError> {
+        let store = self.store.clone();
+        let repair = tokio::spawn(async move {
+            let db = store.db().await?;
+            if ids.is_empty() {
+                store::messages::heal_groups(&db, &[group]).await
+            } else {
+                store::messages::join_group(&db, me_id, &ids, thread, group).await
+            }
+        });
+        match repair.await {
+            Ok(done) => Ok(done?),
+            Err(_) => Err(PhoneError::Internal),
+        }
     }
 
     /// A group send that raced another send using its key for another text
@@ -386,8 +419,7 @@ impl Phone {
         }
         let thread = reply_thread.unwrap_or(first);
         let ids: Vec<i64> = stored.iter().map(|s| s.id).collect();
-        let db = self.store.db().await?;
-        store::messages::join_group(&db, me_id, &ids, thread, first).await?;
+        self.repair_group(me_id, ids, thread, first).await?;
         Ok(Some(thread))
     }
 

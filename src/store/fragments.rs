@@ -57,7 +57,7 @@ pub fn available_to(recipient: &str) -> String {
 }
 
 /// A message's words and parties as `messages_search_text_idx` indexes
-/// them (migration V17, character for character): a tsvector of `messages
+/// them (migration V18, character for character): a tsvector of `messages
 /// m`. Each party twice: `'p <id>'`, and `'p <id> <message id >> 12>'` (its
 /// mail by id window; `mail_search`). A group send's first copy carries
 /// every copy's recipient (`group_recipients`), and only it is indexed

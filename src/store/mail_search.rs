@@ -33,12 +33,12 @@ pub struct MailQuery<'a> {
 ///
 /// Only ever the caller's mail, three times over: the tsquery ANDs one of
 /// the caller's own lexemes (`'p <id>'` or its windows, see migrations V13,
-/// V16 and V17), so `messages_search_text_idx` yields only its messages;
+/// V16 and V18), so `messages_search_text_idx` yields only its messages;
 /// every match is checked to be sent or received by it; and the row shown
 /// is the caller's own copy (see [`SHOWN`]).
 ///
 /// A group send is one match: the index holds only its first copy, which
-/// lists every recipient (V17). Its sender sees that copy, with the other
+/// lists every recipient (V18). Its sender sees that copy, with the other
 /// recipients in `also_to`; a recipient sees its own copy, with its own
 /// read state.
 ///
@@ -143,19 +143,25 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
                   SELECT m.id FROM messages m, me
                   WHERE {gate}
                     AND {MESSAGE_SEARCH} @@ (SELECT mine FROM q) AND {filters}),
-              -- The page: each candidate ranked by its text and shown as
-              -- the caller's copy, then that copy's columns.
+              -- Each candidate ranked by its text and shown as the
+              -- caller's copy, once: as a subquery, the page's filter on
+              -- `shown` was pushed into the join and every look-up ran
+              -- (and was costed) twice.
+              candidates AS MATERIALIZED (
+                  SELECT {SHOWN} AS shown, ts_rank({MESSAGE_WORDS}, q.words) AS rank
+                  FROM messages m, q, me
+                  WHERE m.id = ANY (ARRAY(
+                      SELECT id FROM matched ORDER BY 1 DESC LIMIT {SEARCH_CANDIDATES}))),
               page AS MATERIALIZED (
-                  SELECT p.shown, p.rank FROM (
-                      SELECT {SHOWN} AS shown, ts_rank({MESSAGE_WORDS}, q.words) AS rank
-                      FROM messages m, q, me
-                      WHERE m.id = ANY (ARRAY(
-                          SELECT id FROM matched ORDER BY 1 DESC LIMIT {SEARCH_CANDIDATES}))) p
-                  WHERE p.shown IS NOT NULL
-                  ORDER BY p.rank DESC, p.shown DESC
+                  SELECT shown, rank FROM candidates
+                  WHERE shown IS NOT NULL
+                  ORDER BY rank DESC, shown DESC
                   LIMIT $7 OFFSET $8),
               ranked AS MATERIALIZED (
-                  SELECT m.*, p.rank FROM page p JOIN messages m ON m.id = p.shown),
+                  SELECT m.*, p.rank FROM messages m JOIN page p ON p.shown = m.id
+                  -- Ids as an array: a probe each (as a join alone, a plan
+                  -- made on an empty table walked the primary key).
+                  WHERE m.id = ANY (ARRAY(SELECT shown FROM page))),
               waiting AS ({waiting})
          SELECT me.id AS me_id, {columns}, waiting.n AS waiting
          FROM me CROSS JOIN waiting
@@ -178,16 +184,25 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
 /// the caller among others: the caller's copy in that group, NULL when it
 /// has none (a recipient listed on the first copy whose own copy was never
 /// stored: its idempotency key was another send's).
+///
+/// `with:` as a sub-select: a custom plan would fold its look-up away when
+/// it is NULL and look cheaper than the generic plan, and PostgreSQL then
+/// plans every search again (~3 ms each, seen in the teams phase of `make
+/// bench`). Each look-up is a set whose least id is taken, not the first
+/// in id order: a plan made on an empty table walked the primary key for
+/// that.
 const SHOWN: &str = "CASE WHEN m.group_id IS NULL THEN m.id
                           WHEN m.sender_id = me.id THEN coalesce((
-                              SELECT c.id FROM messages c
-                              WHERE $4::text IS NOT NULL AND c.group_id = m.group_id
-                                AND c.recipient_id IN (SELECT o.id FROM agents o WHERE o.name = $4::text)
-                              ORDER BY c.id LIMIT 1), m.id)
+                              SELECT min(c.id) FROM (
+                                  SELECT c.id FROM messages c
+                                  WHERE (SELECT $4::text) IS NOT NULL AND c.group_id = m.group_id
+                                    AND c.recipient_id IN (SELECT o.id FROM agents o WHERE o.name = $4::text)
+                                  OFFSET 0) c), m.id)
                           WHEN m.recipient_id = me.id THEN m.id
-                          ELSE (SELECT c.id FROM messages c
-                                WHERE c.group_id = m.group_id AND c.recipient_id = me.id
-                                ORDER BY c.id LIMIT 1) END";
+                          ELSE (SELECT min(c.id) FROM (
+                                    SELECT c.id FROM messages c
+                                    WHERE c.group_id = m.group_id AND c.recipient_id = me.id
+                                    OFFSET 0) c) END";
 
 /// A step's matches (`n`): one per message, a group send's first copy
 /// standing for all of its copies.

@@ -171,9 +171,7 @@ pub async fn by_idempotency_keys(
 /// of the copies an earlier try of it stored (a retry racing that try,
 /// through another replica, cannot see its uncommitted copies and gives
 /// the copies it stores a group of its own), or its own lowest stored
-/// copy's (`domain::send`). The group's first copy (`id = group_id`, one of
-/// `ids` or the earlier try's) then lists the recipients of all of them,
-/// as the search index reads them (migration V17); the others list none.
+/// copy's (`domain::send`). Then [`heal_groups`] for that group.
 pub async fn join_group(
     db: &Client,
     sender_id: i64,
@@ -183,21 +181,48 @@ pub async fn join_group(
 ) -> Result<(), StoreError> {
     let stmt = db
         .prepare_cached(
-            "WITH moved AS (
-                 UPDATE messages SET thread_id = $3, group_id = $4, group_recipients = NULL
-                 WHERE sender_id = $1 AND id = ANY ($2::bigint[]) AND id <> $4
-                   AND (thread_id, group_id, group_recipients) IS DISTINCT FROM ($3, $4, NULL))
-             UPDATE messages l
-             SET thread_id = $3, group_id = $4, group_recipients = ARRAY(
-                     SELECT DISTINCT u.r FROM unnest(
-                         coalesce(l.group_recipients, ARRAY[l.recipient_id]) || ARRAY(
-                             SELECT c.recipient_id FROM messages c
-                             WHERE c.sender_id = $1 AND c.id = ANY ($2::bigint[]))) AS u(r))
-             WHERE l.id = $4 AND l.sender_id = $1",
+            "UPDATE messages SET thread_id = $3, group_id = $4
+             WHERE sender_id = $1 AND id = ANY ($2::bigint[])
+               AND (thread_id, group_id) IS DISTINCT FROM ($3, $4)",
         )
         .await?;
     db.execute(&stmt, &[&sender_id, &ids, &thread_id, &group_id])
         .await?;
+    heal_groups(db, &[group_id]).await
+}
+
+/// Makes each of `groups` (group ids) what the search index expects
+/// (migration V18): named after a stored copy (its own first copy if it
+/// still exists, else its lowest copy), that copy listing the recipients
+/// of every copy in the group, the others none. From the copies
+/// themselves, so whatever left a group otherwise (a repair that never
+/// ran, a poll that took the first copy in the statement that was to list
+/// a retry's copy, retention deleting the first copy) is mended. Rows
+/// already right are not written. `messages_group_idx`, then primary key.
+pub async fn heal_groups(db: &Client, groups: &[i64]) -> Result<(), StoreError> {
+    if groups.is_empty() {
+        return Ok(());
+    }
+    let stmt = db
+        .prepare_cached(
+            "WITH members AS MATERIALIZED (
+                 SELECT id, recipient_id, group_id AS old FROM messages
+                 WHERE group_id = ANY ($1::bigint[])),
+             firsts AS MATERIALIZED (
+                 SELECT old, CASE WHEN bool_or(id = old) THEN old ELSE min(id) END AS first,
+                        array_agg(DISTINCT recipient_id ORDER BY recipient_id) AS recipients
+                 FROM members GROUP BY old),
+             wanted AS MATERIALIZED (
+                 SELECT x.id, f.first,
+                        CASE WHEN x.id = f.first THEN f.recipients END AS recipients
+                 FROM members x JOIN firsts f ON f.old = x.old)
+             UPDATE messages m SET group_id = w.first, group_recipients = w.recipients
+             FROM wanted w
+             WHERE m.id = ANY (ARRAY(SELECT id FROM wanted)) AND m.id = w.id
+               AND (m.group_id, m.group_recipients) IS DISTINCT FROM (w.first, w.recipients)",
+        )
+        .await?;
+    db.execute(&stmt, &[&groups]).await?;
     Ok(())
 }
 

@@ -33,9 +33,18 @@ const DELIVERIES: &str = "DELETE FROM webhook_deliveries WHERE id = ANY (ARRAY(
 /// `sent_at` (each statement numbers its messages as it inserts them), so
 /// the oldest ids are the oldest messages. A reply to one loses its
 /// `reply_to` (ON DELETE SET NULL, `messages_reply_to_idx`). Primary key.
-const MESSAGES: &str = "DELETE FROM messages WHERE id = ANY (ARRAY(
-         SELECT id FROM (SELECT id, sent_at FROM messages ORDER BY id LIMIT $2) oldest
-         WHERE sent_at < now() - make_interval(secs => $1)))";
+///
+/// Returns how many it deleted (`n`) and the groups whose first copy was
+/// among them (`groups`): a copy a retry added to a group later may still
+/// be kept, and search finds a group by its first copy (`heal_groups`
+/// names another).
+const MESSAGES: &str = "WITH gone AS (
+         DELETE FROM messages WHERE id = ANY (ARRAY(
+             SELECT id FROM (SELECT id, sent_at FROM messages ORDER BY id LIMIT $2) oldest
+             WHERE sent_at < now() - make_interval(secs => $1)))
+         RETURNING id, group_id)
+     SELECT (SELECT count(*) FROM gone) AS n,
+            ARRAY(SELECT group_id FROM gone WHERE group_id = id) AS groups";
 
 /// The retention of `PHONE_RETENTION_DAYS` (0: none).
 pub fn retention(days: u32) -> Option<Duration> {
@@ -83,7 +92,9 @@ pub async fn once(
         let stmt = db.prepare_cached(MESSAGES).await?;
         let secs = retention.as_secs_f64();
         for _ in 0..100 {
-            let n = db.execute(&stmt, &[&secs, &BATCH]).await?;
+            let row = db.query_one(&stmt, &[&secs, &BATCH]).await?;
+            let n = row.get::<_, i64>("n") as u64;
+            super::messages::heal_groups(db, &row.get::<_, Vec<i64>>("groups")).await?;
             messages += n;
             if n < BATCH as u64 {
                 break;

@@ -353,7 +353,7 @@ pub(super) fn sends() -> String {
                g.group_id,
                -- A group's first copy lists every recipient of the copies
                -- stored with it: the search index holds its text once,
-               -- with each recipient's lexeme (migration V17).
+               -- with each recipient's lexeme (migration V18).
                CASE WHEN g.group_id = g.id
                     THEN array_agg(g.recipient_id) FILTER (WHERE g.fresh) OVER (PARTITION BY g.sord)
                END AS group_recipients

@@ -3,38 +3,30 @@
 -- words to the search index: of the raw insert of a group send to 20,
 -- PostgreSQL spent 5.4-5.8x a single row's time with that index and
 -- 4.0-4.2x without (bench/RESULTS.md). The first copy of a group (`id =
--- group_id`) now lists every copy's recipient; the index holds its words
--- and a party lexeme for its sender and each listed recipient, and holds
--- nothing of the other copies. Search maps a match on a first copy to the
--- caller's own copy (`store::mail_search`). NULL on every other row.
-ALTER TABLE messages ADD COLUMN IF NOT EXISTS group_recipients bigint[];
+-- group_id`) lists every copy's recipient (`group_recipients`, V17); the
+-- index holds its words and a party lexeme for its sender and each listed
+-- recipient, and holds nothing of the other copies. Search maps a match on
+-- a first copy to the caller's own copy (`store::mail_search`).
 
--- A recipient's party lexemes, 'p <id>' and 'p <id> <id window>' (V16),
--- for each recipient listed on a group's first copy. A function of its
--- arguments only (the index needs IMMUTABLE; `array_to_string` is not).
-CREATE OR REPLACE FUNCTION message_group_parties(recipients bigint[], id bigint)
-RETURNS text[] LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
-    SELECT array_agg(lexeme)
-    FROM unnest(recipients) AS r(recipient),
-         LATERAL (VALUES ('p ' || r.recipient), ('p ' || r.recipient || ' ' || (id >> 12))) AS l(lexeme)
-$$;
-
--- Before this migration every copy was indexed, and a group whose first
--- copy was never stored (a send that raced another using its idempotency
--- key for another text) was found through its other copies: such a group
--- is named after its lowest stored copy instead, as `domain::send` now
--- names it.
-UPDATE messages m SET group_id = p.first
-FROM (SELECT c.group_id, min(c.id) AS first
-      FROM messages c
-      WHERE c.group_id IS NOT NULL
-        AND NOT EXISTS (SELECT 1 FROM messages l WHERE l.id = c.group_id)
-      GROUP BY c.group_id) p
-WHERE m.group_id = p.group_id;
+-- Before this migration every copy was indexed, and two kinds of group
+-- were found through their other copies. Builds before 5b44ec6 put the
+-- copies of a key used again for another text into the first send's
+-- group: one group held two texts, and only the first copy's words would
+-- be indexed. And a group whose first copy was never stored (a send that
+-- raced another using its key for another text) has no first copy. Each
+-- text of a group becomes a group of its own, named after its lowest
+-- copy, as `domain::send` and `store::messages::heal_groups` now name
+-- them (threads are kept).
+UPDATE messages m SET group_id = t.first
+FROM (SELECT id, min(id) OVER (
+                 PARTITION BY group_id, subject IS NULL,
+                              md5(coalesce(subject, '') || E'\x1f' || body), reply_to) AS first
+      FROM messages WHERE group_id IS NOT NULL) t
+WHERE m.id = t.id AND m.group_id <> t.first;
 
 -- Each group's first copy lists its recipients.
 UPDATE messages l SET group_recipients = g.recipients
-FROM (SELECT group_id, array_agg(recipient_id ORDER BY id) AS recipients
+FROM (SELECT group_id, array_agg(DISTINCT recipient_id ORDER BY recipient_id) AS recipients
       FROM messages WHERE group_id IS NOT NULL GROUP BY group_id) g
 WHERE l.id = g.group_id AND l.group_recipients IS DISTINCT FROM g.recipients;
 
