@@ -666,6 +666,45 @@ async fn a_key_used_again_for_another_text_racing_the_first_send_is_its_own_mess
     other.stop().await;
 }
 
+/// The same race, the copy that conflicts not the first: the stored first
+/// copy must not list the recipient whose copy was never stored, or its
+/// sender's search `with:` that recipient finds a message it never got.
+#[tokio::test]
+async fn a_copy_lost_to_another_sends_key_is_not_listed_on_its_group() {
+    let app = spawn_app().await;
+    let other = spawn_app_on(&app.database_url, &[]).await;
+    let c = app.client().await;
+    let boss = register(&c, "boss", "B", "team").await;
+    for name in ["x", "y", "z"] {
+        register(&c, name, "W", "team").await;
+    }
+    let alpha = boss.with(json!({"to": ["x", "y"], "body": "alpha", "idempotency_key": "k5"}));
+    let beta = boss.with(json!({"to": ["z", "y"], "body": "beta", "idempotency_key": "k5"}));
+    let (lock, first) = send_held_by_a_row_lock(&app, &boss, alpha).await;
+    let (_, second) = race_the_held_send(&other, lock, first, beta).await;
+    assert!(second["recipients"][0]["id"].is_string(), "{second}");
+    assert!(second["recipients"][1]["error"].is_string(), "{second}");
+    let found = ok(
+        &c,
+        "phone_inbox",
+        boss.with(json!({"query": "beta with:y"})),
+    )
+    .await;
+    assert!(found["messages"].as_array().unwrap().is_empty(), "{found}");
+    let found = ok(
+        &c,
+        "phone_inbox",
+        boss.with(json!({"query": "beta with:z"})),
+    )
+    .await;
+    assert_eq!(
+        found["messages"][0]["id"], second["recipients"][0]["id"],
+        "{found}"
+    );
+    app.stop().await;
+    other.stop().await;
+}
+
 /// A group whose repair after the commit never ran (the replica died, the
 /// database timed out): its first copy lists only some recipients, or no
 /// stored copy names it. Retrying the send, a replay, mends it, and every

@@ -245,7 +245,7 @@ impl Phone {
             .await?
         {
             None if group => {
-                self.name_by_a_stored_copy(me_id, thread_id, &outcome)
+                self.name_by_a_stored_copy(me_id, thread_id, key.is_some(), &outcome)
                     .await?
             }
             joined => joined,
@@ -395,10 +395,16 @@ impl Phone {
     /// text search cannot find (only a group's first copy is indexed). They
     /// move to its lowest stored copy (a reply stays in its thread,
     /// `reply_thread`). The thread they are in then, if changed.
+    ///
+    /// A keyed send some of whose copies were neither stored nor refused
+    /// (their keys were another send's) has them on its first copy's list
+    /// of recipients: the group is mended (`heal_groups`), so that search
+    /// does not take them for recipients.
     async fn name_by_a_stored_copy(
         &self,
         me_id: i64,
         reply_thread: Option<i64>,
+        keyed: bool,
         outcome: &store::SendOutcome,
     ) -> Result<Option<i64>, PhoneError> {
         let stored: Vec<&store::Stored> = outcome
@@ -415,6 +421,16 @@ impl Phone {
             named_by_a_stored_copy(s.group_id)
                 && (reply_thread.is_some() || named_by_a_stored_copy(Some(s.thread_id)))
         }) {
+            let conflicted = outcome
+                .copies
+                .iter()
+                .any(|c| c.stored.is_none() && c.refusal.is_none());
+            if let Some(group) = stored.iter().find_map(|s| s.group_id)
+                && keyed
+                && conflicted
+            {
+                self.repair_group(me_id, Vec::new(), first, group).await?;
+            }
             return Ok(None);
         }
         let thread = reply_thread.unwrap_or(first);

@@ -352,10 +352,13 @@ pub(super) fn sends() -> String {
         SELECT g.ord, g.id, g.sender_id, g.recipient_id, g.sord, g.idempotency_key, g.thread_id,
                g.group_id,
                -- A group's first copy lists every recipient of the copies
-               -- stored with it: the search index holds its text once,
-               -- with each recipient's lexeme (migration V18).
+               -- stored with it, in order (as `heal_groups` writes it): the
+               -- search index holds its text once, with each recipient's
+               -- lexeme (migration V18).
                CASE WHEN g.group_id = g.id
-                    THEN array_agg(g.recipient_id) FILTER (WHERE g.fresh) OVER (PARTITION BY g.sord)
+                    THEN array_agg(g.recipient_id) FILTER (WHERE g.fresh) OVER (
+                             PARTITION BY g.sord ORDER BY g.recipient_id
+                             ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
                END AS group_recipients
         FROM (
             SELECT n.ord, n.id, n.sender_id, n.recipient_id, x.sord, x.idempotency_key,
@@ -397,7 +400,8 @@ pub(super) fn sends() -> String {
         SET group_recipients = ARRAY(
                 SELECT DISTINCT u.r
                 FROM unnest(coalesce(l.group_recipients, ARRAY[l.recipient_id])
-                            || ARRAY(SELECT i.recipient_id FROM inserted i WHERE i.group_id = l.id)) AS u(r))
+                            || ARRAY(SELECT i.recipient_id FROM inserted i WHERE i.group_id = l.id)) AS u(r)
+                ORDER BY u.r)
         -- Ids as an array: one probe of the primary key each. As a join,
         -- a generic plan made on an empty table merged with a walk of the
         -- whole primary key.
