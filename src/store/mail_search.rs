@@ -25,6 +25,10 @@ pub struct MailQuery<'a> {
     pub offset: i64,
 }
 
+/// The parameters but the caller's are read through sub-selects, which
+/// no plan folds: the generic plan ([`GENERIC_PLAN`]) is then the plan
+/// any call would get.
+///
 /// `$1` token digest, `$2` claimed name, `$3` words, `$4` the other party's
 /// name (NULL: any), `$5` thread (NULL: any), `$6` sent at or after (NULL:
 /// any), `$7` rows, `$8` rows skipped, `$9` cap of the unread count. One row
@@ -71,14 +75,14 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
                          OR me.id = ANY (m.group_recipients)) IS TRUE
                     -- The other party: to its sender, a recipient; to a
                     -- recipient, the sender.
-                    AND ($4::text IS NULL OR EXISTS (
+                    AND ((SELECT $4::text) IS NULL OR EXISTS (
                             SELECT 1 FROM agents o
                             WHERE o.name = $4::text AND o.id <> me.id
                               AND CASE WHEN m.sender_id = me.id
                                        THEN o.id = m.recipient_id OR o.id = ANY (m.group_recipients)
                                        ELSE o.id = m.sender_id END))
-                    AND ($5::bigint IS NULL OR m.thread_id = $5::bigint)
-                    AND ($6::timestamptz IS NULL OR m.sent_at >= $6::timestamptz)"
+                    AND ((SELECT $5::bigint) IS NULL OR m.thread_id = (SELECT $5::bigint))
+                    AND ((SELECT $6::timestamptz) IS NULL OR m.sent_at >= (SELECT $6::timestamptz))"
     );
     let enough = SEARCH_CANDIDATES;
     let widths: Vec<i64> = std::iter::successors(Some(1), |w| Some(w * 2))
@@ -126,9 +130,10 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
               -- `with:`, the other party's lexeme (any agent that held the
               -- name), so that the index keeps the mail between the two
               -- (the per-row check remains).
-              q0 AS (SELECT plainto_tsquery('english', $3) AS words,
-                            CASE WHEN $4::text IS NULL THEN plainto_tsquery('english', $3)
-                                 ELSE plainto_tsquery('english', $3) && (
+              q0 AS (SELECT plainto_tsquery('english', (SELECT $3::text)) AS words,
+                            CASE WHEN (SELECT $4::text) IS NULL
+                                 THEN plainto_tsquery('english', (SELECT $3::text))
+                                 ELSE plainto_tsquery('english', (SELECT $3::text)) && (
                                      SELECT string_agg(format('''p %s''', o.id), ' | ')::tsquery
                                      FROM agents o WHERE o.name = $4::text AND o.id <> me.id)
                             END AS wanted
@@ -156,7 +161,7 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
                   SELECT shown, rank FROM candidates
                   WHERE shown IS NOT NULL
                   ORDER BY rank DESC, shown DESC
-                  LIMIT $7 OFFSET $8),
+                  LIMIT (SELECT $7::bigint) OFFSET (SELECT $8::bigint)),
               ranked AS MATERIALIZED (
                   SELECT m.*, p.rank FROM messages m JOIN page p ON p.shown = m.id
                   -- Ids as an array: a probe each (as a join alone, a plan
@@ -174,7 +179,7 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
         picked = picked.join("\n                  UNION ALL\n                  "),
         gate = too_few_before(widths.len()),
         columns = message_columns_searched_by("r.name", "me.id"),
-        waiting = count_waiting("$9"),
+        waiting = count_waiting("(SELECT $9::bigint)"),
     )
 });
 
@@ -185,12 +190,8 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
 /// has none (a recipient listed on the first copy whose own copy was never
 /// stored: its idempotency key was another send's).
 ///
-/// `with:` as a sub-select: a custom plan would fold its look-up away when
-/// it is NULL and look cheaper than the generic plan, and PostgreSQL then
-/// plans every search again (~3 ms each, seen in the teams phase of `make
-/// bench`). Each look-up is a set whose least id is taken, not the first
-/// in id order: a plan made on an empty table walked the primary key for
-/// that.
+/// Each look-up is a set whose least id is taken, not the first in id
+/// order: a plan made on an empty table walked the primary key for that.
 const SHOWN: &str = "CASE WHEN m.group_id IS NULL THEN m.id
                           WHEN m.sender_id = me.id THEN coalesce((
                               SELECT min(c.id) FROM (
@@ -224,6 +225,15 @@ const WINDOWS_MAX: i64 = 8;
 /// many before the next is spared.
 pub const SEARCH_CANDIDATES: i64 = 100;
 
+/// The search runs on its generic plan, in a transaction of its own.
+/// PostgreSQL otherwise compares it with the plans it makes for the first
+/// five calls, whose costs know the values: the generic plan looked dearer,
+/// and every search was planned again (~3 ms of the database's time each,
+/// as much as running it; seen in the teams phase of `make bench`, where
+/// the statement counted as many plans as calls). Three more round trips
+/// on the same connection cost a fraction of that.
+const GENERIC_PLAN: &str = "SET LOCAL plan_cache_mode = force_generic_plan";
+
 /// `None` in `me_id` when the credentials are not accepted.
 pub async fn search(
     db: &Client,
@@ -232,22 +242,27 @@ pub async fn search(
     query: &MailQuery<'_>,
     cap: i64,
 ) -> Result<Polled, StoreError> {
-    let stmt = db.prepare_cached(&SEARCH).await?;
     let rows = db
-        .query(
-            &stmt,
-            &[
-                &token_hash,
-                &claimed,
-                &query.words,
-                &query.with,
-                &query.thread_id,
-                &query.since,
-                &query.limit,
-                &query.offset,
-                &cap,
-            ],
-        )
+        .transaction(async |db| {
+            let generic = db.prepare_cached(GENERIC_PLAN).await?;
+            db.execute(&generic, &[]).await?;
+            let stmt = db.prepare_cached(&SEARCH).await?;
+            db.query(
+                &stmt,
+                &[
+                    &token_hash,
+                    &claimed,
+                    &query.words,
+                    &query.with,
+                    &query.thread_id,
+                    &query.since,
+                    &query.limit,
+                    &query.offset,
+                    &cap,
+                ],
+            )
+            .await
+        })
         .await?;
     let mut found = Polled::default();
     for row in &rows {
