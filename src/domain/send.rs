@@ -245,7 +245,12 @@ impl Phone {
             .await?
         {
             None if group => {
-                self.name_by_a_stored_copy(me_id, thread_id, key.is_some(), &outcome)
+                // Copies whose keys an earlier send of another text holds.
+                let lost = earlier.iter().zip(&targets).any(|(e, t)| {
+                    e.as_ref()
+                        .is_some_and(|e| !is_same_send(e, t, &req, reply_to))
+                });
+                self.name_by_a_stored_copy(me_id, thread_id, lost, &outcome)
                     .await?
             }
             joined => joined,
@@ -336,10 +341,13 @@ impl Phone {
         outcome: &store::SendOutcome,
         earlier: &[Option<store::messages::Earlier>],
     ) -> Result<Option<i64>, PhoneError> {
+        // The lowest of the earlier copies' groups, as the insert chooses
+        // (tries racing each other can leave more than one).
         let same_send = earlier
             .iter()
             .zip(targets)
-            .find_map(|(e, t)| e.as_ref().filter(|e| is_same_send(e, t, req, reply_to)));
+            .filter_map(|(e, t)| e.as_ref().filter(|e| is_same_send(e, t, req, reply_to)))
+            .min_by_key(|e| (e.group_id.is_none(), e.group_id, e.id));
         let Some(earlier) = same_send else {
             return Ok(None);
         };
@@ -373,17 +381,23 @@ impl Phone {
         group: i64,
     ) -> Result<(), PhoneError> {
         let store = self.store.clone();
-        let repair = tokio::spawn(async move {
+        let repair = self.store.run_detached(async move {
             let db = store.db().await?;
-            if ids.is_empty() {
+            let done = if ids.is_empty() {
                 store::messages::heal_groups(&db, &[group]).await
             } else {
                 store::messages::join_group(&db, me_id, &ids, thread, group).await
+            };
+            if let Err(e) = &done {
+                // Heard by the caller if it is still there; logged in
+                // case it is not. A retry of the send mends the group.
+                tracing::warn!(error = %e, group, "could not mend a group send's group");
             }
+            done
         });
         match repair.await {
-            Ok(done) => Ok(done?),
-            Err(_) => Err(PhoneError::Internal),
+            Some(done) => Ok(done?),
+            None => Err(PhoneError::Internal),
         }
     }
 
@@ -396,15 +410,15 @@ impl Phone {
     /// move to its lowest stored copy (a reply stays in its thread,
     /// `reply_thread`). The thread they are in then, if changed.
     ///
-    /// A keyed send some of whose copies were neither stored nor refused
-    /// (their keys were another send's) has them on its first copy's list
-    /// of recipients: the group is mended (`heal_groups`), so that search
-    /// does not take them for recipients.
+    /// A send some of whose copies lost their keys to another send's
+    /// (`lost`) has them on its first copy's list of recipients: the group
+    /// is mended (`heal_groups`), so that search does not take them for
+    /// recipients.
     async fn name_by_a_stored_copy(
         &self,
         me_id: i64,
         reply_thread: Option<i64>,
-        keyed: bool,
+        lost: bool,
         outcome: &store::SendOutcome,
     ) -> Result<Option<i64>, PhoneError> {
         let stored: Vec<&store::Stored> = outcome
@@ -421,13 +435,8 @@ impl Phone {
             named_by_a_stored_copy(s.group_id)
                 && (reply_thread.is_some() || named_by_a_stored_copy(Some(s.thread_id)))
         }) {
-            let conflicted = outcome
-                .copies
-                .iter()
-                .any(|c| c.stored.is_none() && c.refusal.is_none());
             if let Some(group) = stored.iter().find_map(|s| s.group_id)
-                && keyed
-                && conflicted
+                && lost
             {
                 self.repair_group(me_id, Vec::new(), first, group).await?;
             }

@@ -171,7 +171,8 @@ pub async fn by_idempotency_keys(
 /// of the copies an earlier try of it stored (a retry racing that try,
 /// through another replica, cannot see its uncommitted copies and gives
 /// the copies it stores a group of its own), or its own lowest stored
-/// copy's (`domain::send`). Then [`heal_groups`] for that group.
+/// copy's (`domain::send`). Then [`heal_groups`] for that group and the
+/// groups the copies left, in the same transaction.
 pub async fn join_group(
     db: &Client,
     sender_id: i64,
@@ -179,16 +180,27 @@ pub async fn join_group(
     thread_id: i64,
     group_id: i64,
 ) -> Result<(), StoreError> {
-    let stmt = db
-        .prepare_cached(
-            "UPDATE messages SET thread_id = $3, group_id = $4
-             WHERE sender_id = $1 AND id = ANY ($2::bigint[])
-               AND (thread_id, group_id) IS DISTINCT FROM ($3, $4)",
-        )
-        .await?;
-    db.execute(&stmt, &[&sender_id, &ids, &thread_id, &group_id])
-        .await?;
-    heal_groups(db, &[group_id]).await
+    db.transaction(async |db| {
+        let stmt = db
+            .prepare_cached(
+                "WITH moved AS (
+                     UPDATE messages m SET thread_id = $3, group_id = $4
+                     FROM (SELECT id, group_id FROM messages
+                           WHERE sender_id = $1 AND id = ANY ($2::bigint[]) FOR UPDATE) old
+                     WHERE m.id = old.id AND m.id = ANY ($2::bigint[])
+                       AND (m.thread_id, m.group_id) IS DISTINCT FROM ($3, $4)
+                     RETURNING old.group_id)
+                 SELECT ARRAY(SELECT DISTINCT group_id FROM moved WHERE group_id IS NOT NULL) AS left",
+            )
+            .await?;
+        let row = db
+            .query_one(&stmt, &[&sender_id, &ids, &thread_id, &group_id])
+            .await?;
+        let mut groups: Vec<i64> = row.get("left");
+        groups.push(group_id);
+        heal_groups(db, &groups).await
+    })
+    .await
 }
 
 /// Makes each of `groups` (group ids) what the search index expects

@@ -199,6 +199,16 @@ impl Store {
         });
     }
 
+    /// Runs `work` to its end off the caller's path (a caller that goes
+    /// away does not cancel it), waited for at shutdown; its outcome.
+    pub async fn run_detached<T, F>(&self, work: F) -> Option<T>
+    where
+        F: Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        self.tasks.spawn(work).await.ok()
+    }
+
     /// Whether a pooled connection's server takes writes, within a second.
     pub async fn ping(&self) -> Result<(), StoreError> {
         pool::ping(&self.pool).await

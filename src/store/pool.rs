@@ -267,16 +267,24 @@ impl Client {
         F: AsyncFnOnce(&Client) -> Result<T, E>,
         E: From<StoreError>,
     {
-        self.simple("BEGIN").await?;
+        // Marked before BEGIN is sent: a future dropped while it waits for
+        // BEGIN's answer must not hand the connection back in a transaction.
         self.transaction
             .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.simple("BEGIN").await?;
         let outcome = work(self).await;
         let end = if outcome.is_ok() {
             "COMMIT"
         } else {
             "ROLLBACK"
         };
-        let ended = self.simple(end).await;
+        // A connection already given up on (it stalled) is closed, which
+        // rolls back; waiting a second deadline for ROLLBACK would not.
+        let ended = if outcome.is_err() && self.discard.load(std::sync::atomic::Ordering::Relaxed) {
+            Ok(())
+        } else {
+            self.simple(end).await
+        };
         self.transaction
             .store(false, std::sync::atomic::Ordering::Relaxed);
         let value = outcome?;
