@@ -392,22 +392,7 @@ pub(super) fn sends() -> String {
         FROM stored s
         JOIN sreq r ON r.sord = s.sord
         ON CONFLICT (sender_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-        RETURNING id, sender_id, recipient_id, group_id),
-    -- A retry's new copies that joined an earlier try's group: its first
-    -- copy lists their recipients too, so that search finds their text.
-    regrouped AS (
-        UPDATE messages l
-        SET group_recipients = ARRAY(
-                SELECT DISTINCT u.r
-                FROM unnest(coalesce(l.group_recipients, ARRAY[l.recipient_id])
-                            || ARRAY(SELECT i.recipient_id FROM inserted i WHERE i.group_id = l.id)) AS u(r)
-                ORDER BY u.r)
-        -- Ids as an array: one probe of the primary key each. As a join,
-        -- a generic plan made on an empty table merged with a walk of the
-        -- whole primary key.
-        WHERE l.id = ANY (ARRAY(
-            SELECT DISTINCT i.group_id FROM inserted i
-            WHERE i.group_id IS NOT NULL AND i.group_id NOT IN (SELECT id FROM stored)))),
+        RETURNING id, sender_id, recipient_id),
     hour_counted AS (
         INSERT INTO send_counts AS sc (sender_id, hour_start, sends)
         SELECT sender_id, now(), count(*)
