@@ -465,3 +465,57 @@ async fn creating_the_role_is_safe_under_concurrent_migrations() {
         outcome.expect("migrates");
     }
 }
+
+/// Every message names agents that exist: the views join `agents` for the
+/// names. Migration V19 dropped the foreign keys from `messages` to
+/// `agents` (two row locks per stored copy); its triggers refuse what the
+/// keys refused: deleting, renumbering or truncating away an agent that
+/// has mail, as a sender or as a recipient. An agent without mail may
+/// still be deleted.
+#[tokio::test]
+async fn an_agent_with_mail_cannot_be_deleted_from_under_it() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "plans", "team").await;
+    register(&c, "bob", "codes", "team").await;
+    register(&c, "carol", "idles", "team").await;
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "bob", "body": "hello"})),
+    )
+    .await;
+
+    let db = app.db().await;
+    for (sql, who) in [
+        ("DELETE FROM agents WHERE name = 'alice'", "the sender"),
+        ("DELETE FROM agents WHERE name = 'bob'", "the recipient"),
+        (
+            "UPDATE agents SET id = DEFAULT WHERE name = 'bob'",
+            "the recipient, renumbered",
+        ),
+        ("TRUNCATE agents CASCADE", "everyone"),
+    ] {
+        let err = db
+            .batch_execute(sql)
+            .await
+            .expect_err(&format!("{who}: {sql} must be refused"));
+        let db_err = err.as_db_error().expect("a database error");
+        assert_eq!(
+            db_err.code(),
+            &tokio_postgres::error::SqlState::FOREIGN_KEY_VIOLATION,
+            "{who}: {db_err}"
+        );
+    }
+    let names = rows(
+        &db,
+        "SELECT a.name || '>' || b.name FROM messages m
+         JOIN agents a ON a.id = m.sender_id JOIN agents b ON b.id = m.recipient_id",
+    )
+    .await;
+    assert_eq!(names, table(&[&["alice>bob"]]));
+    // Without mail, nothing holds it.
+    db.batch_execute("DELETE FROM agents WHERE name = 'carol'")
+        .await
+        .unwrap();
+}

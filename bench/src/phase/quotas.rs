@@ -51,6 +51,8 @@ pub(crate) struct QuotaReport {
     runs: Vec<QuotaRun>,
     /// The older build of `before`.
     before: Option<String>,
+    /// `before`'s group sends, each build on its own database.
+    teams: Option<crate::phase::teams::TeamsVersus>,
 }
 
 impl QuotaReport {
@@ -118,7 +120,18 @@ pub(crate) async fn run_before(
         &[16, 64],
     )
     .await?;
-    report.before = Some(out);
+    let teams = crate::phase::teams::versus(
+        opts,
+        mode,
+        t0,
+        std::path::Path::new(&before),
+        [DB_BEFORE, DB_AFTER],
+    )
+    .await?;
+    report.before = Some(QuotaReport {
+        teams: Some(teams),
+        ..out
+    });
     Ok(())
 }
 
@@ -242,6 +255,9 @@ pub(crate) fn target_row(w: &mut String, r: &QuotaReport) {
             ),
         };
     }
+    if let Some(x) = &r.teams {
+        crate::phase::teams::versus_target_row(w, x);
+    }
 }
 
 pub(crate) fn section(w: &mut String, r: &QuotaReport, mode: &Mode) {
@@ -293,5 +309,8 @@ pub(crate) fn section(w: &mut String, r: &QuotaReport, mode: &Mode) {
             x.send_p99,
             x.errors
         );
+    }
+    if let Some(x) = &r.teams {
+        crate::phase::teams::versus_section(w, x);
     }
 }

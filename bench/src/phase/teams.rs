@@ -483,3 +483,159 @@ pub(crate) fn section(w: &mut String, x: &TeamsReport) {
         x.long_errors
     );
 }
+
+/// `before`'s team part: the single and the group sends of (1) on a replica
+/// of the older build and one of this build (quotas off on both, each on
+/// its own database), alternated over rounds, the first build of each round
+/// alternating. Per round and build: (single sends/s, group sends/s).
+pub(crate) struct TeamsVersus {
+    /// (round, this build?, single/s, group/s), in the order run.
+    runs: Vec<(usize, bool, f64, f64)>,
+    errors: String,
+}
+
+impl TeamsVersus {
+    fn of(&self, after: bool) -> Vec<(f64, f64)> {
+        self.runs
+            .iter()
+            .filter(|r| r.1 == after)
+            .map(|r| (r.2, r.3))
+            .collect()
+    }
+
+    /// The median of one build's rounds' single ÷ group ratios.
+    fn ratio(&self, after: bool) -> f64 {
+        median(
+            self.of(after)
+                .iter()
+                .map(|(s, g)| s / g.max(1e-9))
+                .collect(),
+        )
+    }
+
+    /// The median of the rounds' group sends/s, this build ÷ the older one.
+    fn group_gain(&self) -> f64 {
+        let (a, b) = (self.of(false), self.of(true));
+        median(a.iter().zip(&b).map(|(a, b)| b.1 / a.1.max(1e-9)).collect())
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+pub(crate) async fn versus(
+    opts: &Opts,
+    mode: &Mode,
+    t0: Instant,
+    before: &std::path::Path,
+    databases: [&str; 2],
+) -> Result<TeamsVersus, String> {
+    let env = [
+        ("PHONE_INBOX_UNREAD_MAX", "0"),
+        ("PHONE_INBOX_UNREAD_PER_SENDER", "0"),
+        ("PHONE_SEND_QUOTA_PER_HOUR", "0"),
+        ("PHONE_NEW_RECIPIENT_QUOTA_PER_DAY", "0"),
+    ];
+    let port = opts.base_port + 84;
+    let a = crate::replicas::start_replicas_bin(
+        opts,
+        databases[0],
+        1,
+        port,
+        "teams-before",
+        &env,
+        Some(before),
+    )
+    .await?;
+    let b = start_replicas_env(opts, databases[1], 1, port + 1, "teams-after", &env).await?;
+    let outcome = async {
+        let names: Vec<String> = (1..=SENDERS)
+            .map(|i| format!("ts-{i}"))
+            .chain((1..=RECIPIENTS).map(|i| format!("tr-{i}")))
+            .collect();
+        let mut sides = Vec::new();
+        for (replicas, database) in [(&a, databases[0]), (&b, databases[1])] {
+            let tg = targets(replicas);
+            let agents = register(&tg[0], &names, "teams").await?;
+            sides.push((tg, agents, db::connect(&pg_url(opts, database)).await?));
+        }
+        let secs = if mode.name == "quick" { 4 } else { 10 };
+        let measure = Duration::from_secs(secs);
+        let mut out = TeamsVersus {
+            runs: Vec::new(),
+            errors: String::new(),
+        };
+        let mut errors = Errors::default();
+        for round in 1..=ROUNDS {
+            let order = if round % 2 == 1 {
+                [false, true]
+            } else {
+                [true, false]
+            };
+            for after in order {
+                let (tg, agents, tdb) = &sides[usize::from(after)];
+                let (senders, recipients) = agents.split_at(SENDERS);
+                let to: Vec<String> = recipients.iter().map(|a| a.name.clone()).collect();
+                settle(tdb).await?;
+                let (n, _, e) = sends(&tg[0], senders, &to, false, measure).await;
+                errors.merge(e);
+                settle(tdb).await?;
+                let (g, _, e) = sends(&tg[0], senders, &to, true, measure).await;
+                errors.merge(e);
+                let (single, group) = (n as f64 / secs as f64, g as f64 / secs as f64);
+                say!(
+                    t0,
+                    "teams {} round {round}: {single:.0} single sends/s, {group:.0} group sends/s",
+                    if after { "this build" } else { "before" },
+                );
+                out.runs.push((round, after, single, group));
+            }
+        }
+        out.errors = errors.describe();
+        Ok(out)
+    }
+    .await;
+    stop_replicas(a).await;
+    stop_replicas(b).await;
+    outcome
+}
+
+pub(crate) fn versus_target_row(w: &mut String, x: &TeamsVersus) {
+    let _ = writeln!(
+        w,
+        "| this build against the one before (group sends to {RECIPIENTS}, no target: after ÷ before) | {:.2}× group sends/s; single ÷ group {:.2}× before, {:.2}× this build | — |",
+        x.group_gain(),
+        x.ratio(false),
+        x.ratio(true),
+    );
+}
+
+pub(crate) fn versus_section(w: &mut String, x: &TeamsVersus) {
+    let _ = writeln!(
+        w,
+        "\nThe sends of the teams phase ({SENDERS} closed-loop senders; (a) each send to one of {RECIPIENTS} recipients in turn, (b) each a group send to all {RECIPIENTS}) against a replica of each build, quotas off, each on its own database; every run settled first (all mail read, `VACUUM (ANALYZE)`, `CHECKPOINT`). Group sends/s, this build ÷ before: **{:.2}×** (median of the rounds). Single ÷ group: before **{:.2}×**, this build **{:.2}×** (medians).\n",
+        x.group_gain(),
+        x.ratio(false),
+        x.ratio(true),
+    );
+    let _ = writeln!(
+        w,
+        "| round | server | single sends/s | group sends/s | single ÷ group |"
+    );
+    let _ = writeln!(w, "|---|---|---|---|---|");
+    for (round, after, s, g) in &x.runs {
+        let _ = writeln!(
+            w,
+            "| {round} | {} | {s:.0} | {g:.0} | {:.2}× |",
+            if *after { "this build" } else { "before" },
+            s / g.max(1e-9)
+        );
+    }
+    let _ = writeln!(w, "\nErrors: {}.", x.errors);
+}
