@@ -494,7 +494,7 @@ async fn an_agent_with_mail_cannot_be_deleted_from_under_it() {
             "UPDATE agents SET id = DEFAULT WHERE name = 'bob'",
             "the recipient, renumbered",
         ),
-        ("TRUNCATE agents CASCADE", "everyone"),
+        ("TRUNCATE agents CASCADE", "everyone, messages left"),
     ] {
         let err = db
             .batch_execute(sql)
@@ -514,8 +514,45 @@ async fn an_agent_with_mail_cannot_be_deleted_from_under_it() {
     )
     .await;
     assert_eq!(names, table(&[&["alice>bob"]]));
-    // Without mail, nothing holds it.
+    // Without mail, nothing holds it; nor a wipe of both tables.
     db.batch_execute("DELETE FROM agents WHERE name = 'carol'")
         .await
         .unwrap();
+    db.batch_execute("TRUNCATE messages, agents CASCADE")
+        .await
+        .unwrap();
+}
+
+/// An agent deleted while it sends: the send waits for the deleting
+/// transaction, then finds its sender gone. Stored, the message would
+/// name no sender, and the recipient's inbox could not show it.
+#[tokio::test]
+async fn an_agent_deleted_while_it_sends_leaves_no_mail_without_a_sender() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "plans", "team").await;
+    let bob = register(&c, "bob", "codes", "team").await;
+
+    let deleting = app.db().await;
+    deleting
+        .batch_execute("BEGIN; DELETE FROM agents WHERE name = 'alice'")
+        .await
+        .unwrap();
+    let sender = app.client().await;
+    let args = alice.with(json!({"to": "bob", "body": "hello"}));
+    let sending = tokio::spawn(async move { call(&sender, "phone_send", args).await });
+    sends_waiting_on_locks(&app, 1).await;
+    deleting.batch_execute("COMMIT").await.unwrap();
+    let sent = sending.await.unwrap();
+    assert_eq!(sent.is_error, Some(true), "{}", text(&sent));
+
+    let db = app.db().await;
+    let orphans = rows(
+        &db,
+        "SELECT count(*)::text FROM messages m
+         WHERE NOT EXISTS (SELECT 1 FROM agents a WHERE a.id = m.sender_id)",
+    )
+    .await;
+    assert_eq!(orphans, table(&[&["0"]]));
+    ok(&c, "phone_inbox", bob.with(json!({}))).await;
 }
