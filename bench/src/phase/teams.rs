@@ -491,7 +491,8 @@ pub(crate) fn section(w: &mut String, x: &TeamsReport) {
 pub(crate) struct TeamsVersus {
     /// (round, this build?, single/s, group/s), in the order run.
     runs: Vec<(usize, bool, f64, f64)>,
-    errors: String,
+    /// Errors of the older build, then of this one.
+    errors: [String; 2],
 }
 
 impl TeamsVersus {
@@ -569,9 +570,9 @@ pub(crate) async fn versus(
         let measure = Duration::from_secs(secs);
         let mut out = TeamsVersus {
             runs: Vec::new(),
-            errors: String::new(),
+            errors: Default::default(),
         };
-        let mut errors = Errors::default();
+        let mut errors = [Errors::default(), Errors::default()];
         for round in 1..=ROUNDS {
             let order = if round % 2 == 1 {
                 [false, true]
@@ -584,10 +585,10 @@ pub(crate) async fn versus(
                 let to: Vec<String> = recipients.iter().map(|a| a.name.clone()).collect();
                 settle(tdb).await?;
                 let (n, _, e) = sends(&tg[0], senders, &to, false, measure).await;
-                errors.merge(e);
+                errors[usize::from(after)].merge(e);
                 settle(tdb).await?;
                 let (g, _, e) = sends(&tg[0], senders, &to, true, measure).await;
-                errors.merge(e);
+                errors[usize::from(after)].merge(e);
                 let (single, group) = (n as f64 / secs as f64, g as f64 / secs as f64);
                 say!(
                     t0,
@@ -597,7 +598,7 @@ pub(crate) async fn versus(
                 out.runs.push((round, after, single, group));
             }
         }
-        out.errors = errors.describe();
+        out.errors = errors.map(|e| e.describe());
         Ok(out)
     }
     .await;
@@ -637,5 +638,9 @@ pub(crate) fn versus_section(w: &mut String, x: &TeamsVersus) {
             s / g.max(1e-9)
         );
     }
-    let _ = writeln!(w, "\nErrors: {}.", x.errors);
+    let _ = writeln!(
+        w,
+        "\nErrors: before {}; this build {}.",
+        x.errors[0], x.errors[1]
+    );
 }
