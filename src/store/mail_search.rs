@@ -33,7 +33,7 @@ pub struct MailQuery<'a> {
 ///
 /// Only ever the caller's mail, three times over: the tsquery ANDs one of
 /// the caller's own lexemes (`'p <id>'` or its windows, see migrations V13,
-/// V16 and V18), so `messages_search_text_idx` yields only its messages;
+/// V16, V18 and V21), so `messages_search_words_idx` yields only its messages;
 /// every match is checked to be sent or received by it; and the row shown
 /// is the caller's own copy (see [`SHOWN`]).
 ///

@@ -206,7 +206,8 @@ pub async fn join_group(
 /// Makes each of `groups` (group ids) what the search index expects
 /// (migration V18): named after a stored copy (its own first copy if it
 /// still exists, else its lowest copy), that copy listing the recipients
-/// of every copy in the group, the others none. From the copies
+/// of every copy in the group and storing its words (migration V20), the
+/// others neither. From the copies
 /// themselves, so whatever left a group otherwise (a repair that never
 /// ran, a poll that took the first copy in the statement that was to list
 /// a retry's copy, retention deleting the first copy) is mended. Rows
@@ -216,7 +217,7 @@ pub async fn heal_groups(db: &Client, groups: &[i64]) -> Result<(), StoreError> 
         return Ok(());
     }
     let stmt = db
-        .prepare_cached(
+        .prepare_cached(&format!(
             "WITH members AS MATERIALIZED (
                  SELECT id, recipient_id, group_id AS old FROM messages
                  WHERE group_id = ANY ($1::bigint[])),
@@ -228,11 +229,14 @@ pub async fn heal_groups(db: &Client, groups: &[i64]) -> Result<(), StoreError> 
                  SELECT x.id, f.first,
                         CASE WHEN x.id = f.first THEN f.recipients END AS recipients
                  FROM members x JOIN firsts f ON f.old = x.old)
-             UPDATE messages m SET group_id = w.first, group_recipients = w.recipients
+             UPDATE messages m SET group_id = w.first, group_recipients = w.recipients,
+                                   words = CASE WHEN w.id = w.first THEN coalesce(m.words, {words}) END
              FROM wanted w
              WHERE m.id = ANY (ARRAY(SELECT id FROM wanted)) AND m.id = w.id
-               AND (m.group_id, m.group_recipients) IS DISTINCT FROM (w.first, w.recipients)",
-        )
+               AND ((m.group_id, m.group_recipients) IS DISTINCT FROM (w.first, w.recipients)
+                    OR (m.words IS NULL) = (w.id = w.first))",
+            words = super::fragments::stored_words("m.subject", "m.body"),
+        ))
         .await?;
     db.execute(&stmt, &[&groups]).await?;
     Ok(())

@@ -265,14 +265,17 @@ async fn sends(
 /// after the VACUUM.
 async fn seed_history(db: &tokio_postgres::Client, total: i64, mailbox: i64) -> Result<(), String> {
     db.execute(
-        "INSERT INTO messages (id, sender_id, recipient_id, body, thread_id, sent_at, read_at)
-         SELECT x.n, s.id, r.id,
-                (SELECT string_agg(($3::text[])[1 + floor(random() * array_length($3::text[], 1))::int], ' ')
-                 FROM generate_series(1, 5 + (x.n % 2)::int)) || ' ref' || x.n % $4::bigint,
-                x.n, now(), now()
-         FROM (SELECT nextval('messages_id_seq') AS n, g FROM generate_series(1, $1::bigint) g) x
-         JOIN agents s ON s.name = 'ts-' || (1 + x.g % 8)
-         JOIN agents r ON r.name = CASE WHEN x.g <= $2 THEN 'tr-1' ELSE 'tr-' || (2 + x.g % 19) END",
+        &format!(
+            "INSERT INTO messages (id, sender_id, recipient_id, body, thread_id, sent_at, read_at, words)
+             SELECT m.*, {STORED_WORDS} FROM (
+             SELECT x.n, s.id, r.id,
+                    (SELECT string_agg(($3::text[])[1 + floor(random() * array_length($3::text[], 1))::int], ' ')
+                     FROM generate_series(1, 5 + (x.n % 2)::int)) || ' ref' || x.n % $4::bigint AS body,
+                    x.n, now(), now()
+             FROM (SELECT nextval('messages_id_seq') AS n, g FROM generate_series(1, $1::bigint) g) x
+             JOIN agents s ON s.name = 'ts-' || (1 + x.g % 8)
+             JOIN agents r ON r.name = CASE WHEN x.g <= $2 THEN 'tr-1' ELSE 'tr-' || (2 + x.g % 19) END) m"
+        ),
         &[&total, &mailbox, &WORDS, &REFERENCES],
     )
     .await
@@ -280,15 +283,18 @@ async fn seed_history(db: &tokio_postgres::Client, total: i64, mailbox: i64) -> 
     // Reports as agents write them: about 5 kB of words, every word of the
     // vocabulary in each.
     db.execute(
-        "INSERT INTO messages (sender_id, recipient_id, body, thread_id, sent_at, read_at)
-         SELECT s.id, r.id,
-                (SELECT string_agg(($1::text[])[1 + (g * 7 + w * 13) % array_length($1::text[], 1)]
-                                   || ' and the status of it is ', ' ')
-                 FROM generate_series(1, 150) w),
-                0, now(), now()
-         FROM generate_series(1, $2::bigint) g
-         JOIN agents s ON s.name = 'ts-' || (1 + g % 8)
-         JOIN agents r ON r.name = 'tr-' || $3::bigint",
+        &format!(
+            "INSERT INTO messages (sender_id, recipient_id, body, thread_id, sent_at, read_at, words)
+             SELECT m.*, {STORED_WORDS} FROM (
+             SELECT s.id, r.id,
+                    (SELECT string_agg(($1::text[])[1 + (g * 7 + w * 13) % array_length($1::text[], 1)]
+                                       || ' and the status of it is ', ' ')
+                     FROM generate_series(1, 150) w) AS body,
+                    0, now(), now()
+             FROM generate_series(1, $2::bigint) g
+             JOIN agents s ON s.name = 'ts-' || (1 + g % 8)
+             JOIN agents r ON r.name = 'tr-' || $3::bigint) m"
+        ),
         &[&WORDS, &LONG_MAIL, &(RECIPIENTS as i64)],
     )
     .await
@@ -300,17 +306,26 @@ async fn seed_history(db: &tokio_postgres::Client, total: i64, mailbox: i64) -> 
     // wait in the search index's pending list, which every search reads.
     // None to the last recipient, whose newest mail stays the long mail.
     db.execute(
-        "INSERT INTO messages (sender_id, recipient_id, body, thread_id)
-         SELECT s.id, r.id, ($1::text[])[1 + g % array_length($1::text[], 1)] || ' later ' || g, 0
-         FROM generate_series(1, 8000) g
-         JOIN agents s ON s.name = 'ts-' || (1 + g % 8)
-         JOIN agents r ON r.name = 'tr-' || (2 + g % 18)",
+        &format!(
+            "INSERT INTO messages (sender_id, recipient_id, body, thread_id, words)
+             SELECT m.*, {STORED_WORDS} FROM (
+             SELECT s.id, r.id, ($1::text[])[1 + g % array_length($1::text[], 1)] || ' later ' || g AS body, 0
+             FROM generate_series(1, 8000) g
+             JOIN agents s ON s.name = 'ts-' || (1 + g % 8)
+             JOIN agents r ON r.name = 'tr-' || (2 + g % 18)) m"
+        ),
         &[&WORDS],
     )
     .await
     .map(|_| ())
     .map_err(|e| format!("later mail: {}", db::pg_err(&e)))
 }
+
+/// The words a send stores for a message without a subject
+/// (`store::fragments::stored_words`), of the seeded `m.body`: the seeded
+/// mail is indexed and ranked as the server's own would be.
+const STORED_WORDS: &str = "setweight(to_tsvector('english'::regconfig, ''), 'A') || \
+     setweight(to_tsvector('english'::regconfig, m.body), 'B')";
 
 /// Long messages (about 5 kB each) to the last recipient, searched for
 /// common words: ranking reads each candidate's text again.

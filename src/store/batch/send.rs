@@ -4,7 +4,7 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::store::fragments::{INBOX_ORDER, available_to, caller_by_token};
+use crate::store::fragments::{INBOX_ORDER, available_to, caller_by_token, stored_words};
 use crate::store::wakeup::CHANNEL;
 
 /// One send, resolved as far as the request alone allows: one message per
@@ -188,6 +188,7 @@ pub(super) fn sends() -> String {
     let unread_max = "(SELECT $20::int)";
     let per_sender = "(SELECT $21::int)";
     let backlog_max = "(SELECT $22::int)";
+    let words = stored_words("r.subject", "r.body");
     format!(
         "
     sreq AS (
@@ -385,10 +386,12 @@ pub(super) fn sends() -> String {
             WINDOW same_send AS (PARTITION BY x.sord)) g),
     inserted AS (
         INSERT INTO messages (id, sender_id, recipient_id, subject, body, reply_to, thread_id,
-                              idempotency_key, expires_at, group_id, group_recipients)
+                              idempotency_key, expires_at, group_id, group_recipients, words)
         SELECT s.id, s.sender_id, s.recipient_id, r.subject, r.body, r.reply_to, s.thread_id,
                s.idempotency_key, now() + make_interval(secs => r.expires_in), s.group_id,
-               s.group_recipients
+               s.group_recipients,
+               -- Parsed once, for the rows the search index holds.
+               CASE WHEN s.group_id IS NULL OR s.group_id = s.id THEN {words} END
         FROM stored s
         JOIN sreq r ON r.sord = s.sord
         ON CONFLICT (sender_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
