@@ -6,9 +6,9 @@
 -- again, ~20 us for a short one, ~1 ms for a 5 kB report. Ranking reads the
 -- stored words too, instead of parsing each candidate's opening.
 --
--- Rows without stored words (mail from before V20, a group copy that
--- became its group's first when the first was deleted) are parsed as
--- before: the expression falls back to the text.
+-- Rows without stored words (mail from before V20, or stored by a replica
+-- of an older build during the rollout) are parsed as before: the
+-- expression falls back to the text.
 
 -- As in V16 and V18: a concurrent build of this name that failed is built
 -- again.

@@ -250,6 +250,11 @@ JOIN numbered first ON first.thread_no = n.thread_no AND first.i = 1
 LEFT JOIN numbered prev ON prev.thread_no = n.thread_no AND prev.i = n.i - 1
 ORDER BY n.id;
 
+-- The words a send stores for search (store::fragments::stored_words).
+UPDATE messages SET words = setweight(to_tsvector('english'::regconfig, coalesce(subject, '')), 'A') ||
+                            setweight(to_tsvector('english'::regconfig, body), 'B')
+WHERE words IS NULL AND (group_id IS NULL OR group_id = id);
+
 SELECT setval('messages_id_seq', greatest((SELECT max(id) FROM messages), 1)) AS last_id \gset
 
 -- Presence: last seen at the agent's last send or read.

@@ -527,8 +527,12 @@ async fn search_results_are_fenced_and_queries_are_only_words() {
 /// a passing mention, a word in a subject above both. Ranking parsed each
 /// candidate's opening instead, the first 300 characters (a whole body
 /// cost too much to parse again per search), so that a report's words
-/// past them counted for nothing. Only the rows the search index holds
-/// store their words: mail to one and each group's first copy.
+/// past them counted for nothing. Stored words past 4 kB are not read: a
+/// body of thousands of distinct words, the word at its end fifty times,
+/// is ranked by its opening, as before (reading such words for each of a
+/// hundred candidates would cost every search megabytes). Only the rows
+/// the search index holds store their words: mail to one and each group's
+/// first copy.
 #[tokio::test]
 async fn ranking_reads_the_words_stored_at_the_send() {
     let app = spawn_app().await;
@@ -542,15 +546,17 @@ async fn ranking_reads_the_words_stored_at_the_send() {
         json!({"to": "alice", "body": format!("{filler}Invoice, invoice, invoice: see the invoice.")}),
         json!({"to": "alice", "subject": "Invoice", "body": "As discussed."}),
         json!({"to": ["alice", "carol"], "body": "Nothing to do with it."}),
+        json!({"to": "alice", "body": format!("{}{}", distinct_words(4000), " invoice".repeat(50))}),
     ] {
         ok(&c, "phone_send", bob.with(args)).await;
     }
     let found = ok(&c, "phone_inbox", alice.with(json!({"query": "invoice"}))).await;
     let got = bodies(&found);
-    assert_eq!(got.len(), 3, "{found}");
+    assert_eq!(got.len(), 4, "{found}");
     assert_eq!(got[0], "As discussed.", "{found}");
     assert!(got[1].ends_with("see the invoice."), "{found}");
     assert_eq!(got[2], "The invoice is attached.", "{found}");
+    assert!(got[3].ends_with(" invoice"), "{found}");
 
     let db = app.db().await;
     let stored: Vec<(bool, bool)> = db
@@ -570,10 +576,38 @@ async fn ranking_reads_the_words_stored_at_the_send() {
             (true, true),
             (true, true),
             (true, true),
-            (false, false)
+            (false, false),
+            (true, true)
         ]
     );
+    let big: i32 = db
+        .query_one(
+            "SELECT pg_column_size(words) FROM messages ORDER BY id DESC LIMIT 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(big > 4096, "{big} bytes of stored words");
     app.stop().await;
+}
+
+/// `n` distinct made-up words of eight letters, which compress poorly.
+fn distinct_words(n: u32) -> String {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    (0..n)
+        .map(|_| {
+            (0..8)
+                .map(|_| {
+                    x = x
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1_442_695_040_888_963_407);
+                    char::from(b'a' + ((x >> 33) % 26) as u8)
+                })
+                .collect::<String>()
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// A big mailbox, words of every density: each search returns what a

@@ -59,9 +59,9 @@ pub struct MailQuery<'a> {
 /// Asked at once, a word in a fifth of a 100k mailbox fetched all its 27k
 /// matches from the table (137 ms at p99 in `make bench`).
 ///
-/// Ranking reads each candidate's text again (the index is on an
-/// expression), so only the candidates are ranked, each by its subject and
-/// opening ([`MESSAGE_WORDS`]). The matches are CTEs of
+/// Only the candidates are ranked, each by the words its send stored
+/// ([`MESSAGE_WORDS`]; mail from before migration V20 and very large
+/// stored words: its subject and opening, parsed). The matches are CTEs of
 /// their own without an order, so no plan can look for them by walking the
 /// primary key backwards and parsing every body.
 static SEARCH: LazyLock<String> = LazyLock::new(|| {
@@ -222,9 +222,8 @@ const FOUND: &str = "SELECT count(*)";
 const WINDOWS_MAX: i64 = 8;
 
 /// Matches ranked per search, newest first: a search finds the best of
-/// one's newest 100 matches. Ranking parses each body again (~15 µs each
-/// on the benchmark's machine), and each step of the search must find this
-/// many before the next is spared.
+/// one's newest 100 matches. Ranking reads each one's words, and each step
+/// of the search must find this many before the next is spared.
 pub const SEARCH_CANDIDATES: i64 = 100;
 
 /// The search runs on its generic plan, in a transaction of its own.

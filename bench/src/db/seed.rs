@@ -95,16 +95,22 @@ pub async fn seed_history(
     to: i64,
 ) -> Result<(), String> {
     db.execute(
-        "INSERT INTO messages (id, sender_id, recipient_id, subject, body, thread_id, sent_at, read_at)
+        // With the words a send stores (`store::fragments::stored_words`),
+        // so that reads and searches of the history cost what they would.
+        "INSERT INTO messages (id, sender_id, recipient_id, subject, body, thread_id, sent_at, read_at, words)
+         SELECT m.*,
+                setweight(to_tsvector('english'::regconfig, coalesce(m.subject, '')), 'A') ||
+                setweight(to_tsvector('english'::regconfig, m.body), 'B')
+         FROM (
          SELECT id, $1 + (g * 7919 + 13) % $2, $1 + g % $2,
-                CASE WHEN g % 3 = 0 THEN 'Status update ' || g END,
+                CASE WHEN g % 3 = 0 THEN 'Status update ' || g END AS subject,
                 'Progress note ' || g || ': the nightly import finished, 1423 rows merged, 2 rejected '
-                  || '(bad dates). Details are in the usual bucket; tell me if you want a retry.',
+                  || '(bad dates). Details are in the usual bucket; tell me if you want a retry.' AS body,
                 id, ts,
                 CASE WHEN g % $2 < $3 OR g % 100 <> 0 THEN ts + interval '1 minute' END
          FROM (SELECT nextval('messages_id_seq') AS id, g,
                       timestamptz '2025-01-01' + g * interval '1 second' AS ts
-               FROM generate_series($4::bigint, $5::bigint) g) x",
+               FROM generate_series($4::bigint, $5::bigint) g) x) m",
         &[&base, &agents, &all_read_slots, &from, &to],
     )
     .await
