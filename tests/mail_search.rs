@@ -759,7 +759,32 @@ async fn a_common_word_in_a_big_mailbox_is_answered_from_the_newest_mail() {
         read < 1_000,
         "the search index returned {read} entries for the ~100 messages with carol"
     );
+    // A rare word (its entries few in the whole index, by the statistics
+    // of the ANALYZE above) is asked of the newest window, then of the
+    // whole mailbox: each further step would scan its entries again.
+    for word in ["walrus", "tulip"] {
+        let before = index_scans(&db).await;
+        ok(&c, "phone_inbox", alice.with(json!({"query": word}))).await;
+        let scans = index_scans(&db).await - before;
+        assert_eq!(scans, 2, "{word}: {scans} scans of the search index");
+    }
     app.stop().await;
+}
+
+/// Scans of the search index so far (as [`index_entries_read`]).
+async fn index_scans(db: &tokio_postgres::Client) -> i64 {
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    db.batch_execute("SELECT pg_stat_clear_snapshot()")
+        .await
+        .unwrap();
+    db.query_one(
+        "SELECT idx_scan FROM pg_stat_user_indexes
+         WHERE indexrelname = 'messages_search_words_idx'",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
 }
 
 /// A listing of 20 messages counts the caller's unread mail once, not once

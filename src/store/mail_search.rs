@@ -87,10 +87,15 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
     let widths: Vec<i64> = std::iter::successors(Some(1), |w| Some(w * 2))
         .take_while(|w| *w <= WINDOWS_MAX)
         .collect();
-    // Step k runs while the steps before it found too few together.
+    // Step k runs while the steps before it found too few together, and
+    // (after the first) while the words are not rare enough to ask the
+    // whole mailbox at once.
     let too_few_before = |k: usize| match k {
         0 => "true".to_owned(),
-        k => format!("(SELECT n FROM found{}) < {enough}", k - 1),
+        k => format!(
+            "(SELECT n FROM found{}) < {enough} AND NOT (SELECT yes FROM rare)",
+            k - 1
+        ),
     };
     let mut steps = String::new();
     let mut picked = Vec::new();
@@ -115,6 +120,9 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
              found{k} AS ({FOUND}{earlier} AS n FROM step{k}),\n",
             gate = too_few_before(k),
         ));
+        if k == 0 {
+            steps.push_str(&RARE);
+        }
         picked.push(format!(
             "SELECT id FROM step{k} WHERE (SELECT n FROM found{last_step}) >= {enough}"
         ));
@@ -179,11 +187,47 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
         caller = caller_by_token("$1", "$2"),
         touch = presence_write("SELECT id, last_seen_at FROM me"),
         picked = picked.join("\n                  UNION ALL\n                  "),
-        gate = too_few_before(widths.len()),
+        gate = format!("(SELECT n FROM found{last_step}) < {enough}"),
         columns = message_columns_searched_by("r.name", "me.id"),
         waiting = count_waiting("$9"),
     )
 });
+
+/// `rare`: whether the first step found too few and one of the words has
+/// so few entries in the whole index ([`RARE_ENTRIES`], from the
+/// statistics ANALYZE keeps of the index: a word it does not list is
+/// rarer than any it lists) that the whole mailbox costs less than the
+/// further steps. Each step's index scan costs what the rarest word's
+/// entries cost to check against the others, whatever its windows: a
+/// reference with a common word, ~1 ms a step on the bench's 1.5M
+/// messages, so four steps that find nothing before the whole mailbox
+/// were most of such a search. Read only when the first step found too
+/// few. Without statistics (a table never analysed), not rare.
+static RARE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "rare AS (
+             SELECT (SELECT n FROM found0) < {SEARCH_CANDIDATES} AND coalesce((
+                 SELECT bool_or(coalesce(s.freqs[array_position(s.elems, l.lexeme)], s.least)
+                                * s.entries <= {RARE_ENTRIES})
+                 FROM (SELECT x.most_common_elems::text::text[] AS elems,
+                              x.most_common_elem_freqs AS freqs,
+                              -- After the elements' frequencies: the least, then the most.
+                              x.most_common_elem_freqs[array_length(x.most_common_elems, 1) + 1] AS least,
+                              (SELECT c.reltuples FROM pg_class c
+                               WHERE c.oid = to_regclass('messages_search_words_idx')) AS entries
+                       FROM pg_stats x
+                       WHERE x.schemaname = current_schema()
+                         AND x.tablename = 'messages_search_words_idx'
+                         AND x.most_common_elems IS NOT NULL) s
+                 CROSS JOIN unnest(tsvector_to_array(to_tsvector('english', $3::text))) AS l(lexeme)
+                 WHERE s.entries > 0), false) AS yes),\n"
+    )
+});
+
+/// Index entries a word may have at most to be asked of the whole
+/// mailbox after the first step (see [`RARE`]): the whole mailbox then
+/// checks at most this many entries and reads at most this many rows.
+const RARE_ENTRIES: i64 = 2_000;
 
 /// The caller's own copy of a match, by id. Mail to one: the match. A
 /// group send the caller made: its first copy (the match), or with
