@@ -202,7 +202,11 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
 /// reference with a common word, ~1 ms a step on the bench's 1.5M
 /// messages, so four steps that find nothing before the whole mailbox
 /// were most of such a search. Read only when the first step found too
-/// few. Without statistics (a table never analysed), not rare.
+/// few: the CTE's first clause, which keeps a common word's search (the
+/// steps' gates may evaluate `rare` first) from reading the statistics.
+/// Without statistics (a table never analysed, an index built since the
+/// last ANALYZE), or when this role may not see them (`pg_stats` shows an
+/// index's to its owner only), not rare: the steps run, as before.
 static RARE: LazyLock<String> = LazyLock::new(|| {
     format!(
         "rare AS (
@@ -216,7 +220,10 @@ static RARE: LazyLock<String> = LazyLock::new(|| {
                               (SELECT c.reltuples FROM pg_class c
                                WHERE c.oid = to_regclass('messages_search_words_idx')) AS entries
                        FROM pg_stats x
-                       WHERE x.schemaname = current_schema()
+                       WHERE x.schemaname = (
+                                 SELECT n.nspname FROM pg_class c
+                                 JOIN pg_namespace n ON n.oid = c.relnamespace
+                                 WHERE c.oid = to_regclass('messages_search_words_idx'))
                          AND x.tablename = 'messages_search_words_idx'
                          AND x.most_common_elems IS NOT NULL) s
                  CROSS JOIN unnest(tsvector_to_array(to_tsvector('english', $3::text))) AS l(lexeme)
@@ -224,9 +231,14 @@ static RARE: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// Index entries a word may have at most to be asked of the whole
-/// mailbox after the first step (see [`RARE`]): the whole mailbox then
-/// checks at most this many entries and reads at most this many rows.
+/// Index entries a word may have at most, by the statistics, to be asked
+/// of the whole mailbox after the first step (see [`RARE`]): the whole
+/// mailbox then checks about this many entries and reads at most as many
+/// rows. Statistics lag: a word that became common in one mailbox since
+/// the last ANALYZE is fetched whole there. A word the statistics do not
+/// list counts as often as the least they list: on a large table of
+/// varied text that may be more than this, and such a word then takes
+/// the steps, as before.
 const RARE_ENTRIES: i64 = 2_000;
 
 /// The caller's own copy of a match, by id. Mail to one: the match. A
