@@ -41,16 +41,29 @@ async fn two_pages(c: &Client, agent: &Agent, query: &str, limit: u32) -> (Value
     (first, second)
 }
 
-/// Entries the search index has handed out so far. Statistics reach the
-/// shared counters when a backend goes idle, at most once a second.
+/// Entries the search index has handed out so far.
 async fn index_entries_read(db: &tokio_postgres::Client) -> i64 {
+    search_index_counter(db, "idx_tup_read").await
+}
+
+/// Scans of the search index so far.
+async fn index_scans(db: &tokio_postgres::Client) -> i64 {
+    search_index_counter(db, "idx_scan").await
+}
+
+/// A counter of the search index in `pg_stat_user_indexes`. Statistics
+/// reach the shared counters when a backend goes idle, at most once a
+/// second.
+async fn search_index_counter(db: &tokio_postgres::Client, column: &str) -> i64 {
     tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
     db.batch_execute("SELECT pg_stat_clear_snapshot()")
         .await
         .unwrap();
     db.query_one(
-        "SELECT idx_tup_read FROM pg_stat_user_indexes
-         WHERE indexrelname = 'messages_search_words_idx'",
+        &format!(
+            "SELECT {column} FROM pg_stat_user_indexes
+             WHERE indexrelname = 'messages_search_words_idx'"
+        ),
         &[],
     )
     .await
@@ -781,22 +794,6 @@ async fn a_common_word_in_a_big_mailbox_is_answered_from_the_newest_mail() {
         assert_eq!(scans, 2, "{word}: {scans} scans of the search index");
     }
     app.stop().await;
-}
-
-/// Scans of the search index so far (as [`index_entries_read`]).
-async fn index_scans(db: &tokio_postgres::Client) -> i64 {
-    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
-    db.batch_execute("SELECT pg_stat_clear_snapshot()")
-        .await
-        .unwrap();
-    db.query_one(
-        "SELECT idx_scan FROM pg_stat_user_indexes
-         WHERE indexrelname = 'messages_search_words_idx'",
-        &[],
-    )
-    .await
-    .unwrap()
-    .get(0)
 }
 
 /// A listing of 20 messages counts the caller's unread mail once, not once

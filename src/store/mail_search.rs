@@ -217,14 +217,11 @@ static RARE: LazyLock<String> = LazyLock::new(|| {
                               x.most_common_elem_freqs AS freqs,
                               -- After the elements' frequencies: the least, then the most.
                               x.most_common_elem_freqs[array_length(x.most_common_elems, 1) + 1] AS least,
-                              (SELECT c.reltuples FROM pg_class c
-                               WHERE c.oid = to_regclass('messages_search_words_idx')) AS entries
-                       FROM pg_stats x
-                       WHERE x.schemaname = (
-                                 SELECT n.nspname FROM pg_class c
-                                 JOIN pg_namespace n ON n.oid = c.relnamespace
-                                 WHERE c.oid = to_regclass('messages_search_words_idx'))
-                         AND x.tablename = 'messages_search_words_idx'
+                              c.reltuples AS entries
+                       FROM pg_class c
+                       JOIN pg_namespace n ON n.oid = c.relnamespace
+                       JOIN pg_stats x ON x.schemaname = n.nspname AND x.tablename = c.relname
+                       WHERE c.oid = to_regclass('messages_search_words_idx')
                          AND x.most_common_elems IS NOT NULL) s
                  CROSS JOIN unnest(tsvector_to_array(to_tsvector('english', $3::text))) AS l(lexeme)
                  WHERE s.entries > 0), false) AS yes),\n"
