@@ -198,7 +198,7 @@ async fn run(opts: Opts) -> Result<(), String> {
     }
 
     if wants("teams") {
-        report.teams = Some(phase::teams::run(&opts, &mode, &admin, t0).await?);
+        report.teams = Some(phase::teams::run(&opts, &mode, &admin, t0, postmaster, hz).await?);
     }
 
     if wants("search") && !big.is_empty() {

@@ -23,7 +23,7 @@ use crate::mcp::{Conn, Target};
 use crate::mode::Mode;
 use crate::replicas::{start_replicas_env, stop_replicas, targets};
 use crate::report::verdict;
-use crate::stats::{Errors, Lat, Summary};
+use crate::stats::{self, Errors, Lat, Summary};
 
 const DB_TEAMS: &str = "phone_bench_teams";
 const SENDERS: usize = 8;
@@ -59,9 +59,12 @@ const WORDS: &[&str] = &[
     "ticket",
 ];
 
+#[derive(Default)]
 pub(crate) struct TeamsReport {
     /// Per round: (single sends/s, group sends/s), calls answered as stored.
     rounds: Vec<(f64, f64)>,
+    /// Per round: CPU per call of the single sends and of the group sends.
+    cpu: Vec<(SendCpu, SendCpu)>,
     single_lat: Summary,
     group_lat: Summary,
     errors: String,
@@ -93,11 +96,82 @@ impl TeamsReport {
     }
 }
 
+/// Where a run of sends spent the machine's CPU, in µs per answered call:
+/// the replica, PostgreSQL (postmaster and backends) and the bench itself
+/// (its MCP client), which share the cores.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct SendCpu {
+    server_us: f64,
+    postgres_us: f64,
+    bench_us: f64,
+    /// WAL written per call, and full-page images among it.
+    wal_bytes: f64,
+    wal_fpi: f64,
+    /// The mail statements (batches) run, per call, and their mean time.
+    batches_per_call: f64,
+    batch_ms: f64,
+}
+
+/// CPU ticks of (the replica, PostgreSQL, the bench) and the cluster's WAL
+/// (bytes, full-page images) now.
+struct Ticks(u64, u64, u64, i64, i64, i64, f64);
+
+impl Ticks {
+    /// `admin`: a connection to the database with pg_stat_statements.
+    async fn now(server: u32, postmaster: u32, admin: &tokio_postgres::Client) -> Self {
+        let own = |pid: u32| stats::proc_ticks(pid).map_or(0, |(own, _)| own);
+        let (bytes, fpi) = admin
+            .query_one("SELECT wal_bytes::bigint, wal_fpi FROM pg_stat_wal", &[])
+            .await
+            .map_or((0, 0), |r| (r.get(0), r.get(1)));
+        // The mail statement begins with its wake-up check.
+        let (batches, batch_ms) = admin
+            .query_one(
+                "SELECT coalesce(sum(calls), 0)::bigint, coalesce(sum(total_exec_time), 0)::float8
+                 FROM pg_stat_statements WHERE query LIKE 'WITH woken AS%'",
+                &[],
+            )
+            .await
+            .map_or((0, 0.0), |r| (r.get(0), r.get(1)));
+        Self(
+            own(server),
+            stats::tree_ticks(postmaster),
+            own(std::process::id()),
+            bytes,
+            fpi,
+            batches,
+            batch_ms,
+        )
+    }
+
+    fn per_call(&self, later: &Ticks, calls: u64, hz: f64) -> SendCpu {
+        let calls = calls.max(1) as f64;
+        let us = |a: u64, b: u64| (b.saturating_sub(a)) as f64 / hz * 1e6 / calls;
+        SendCpu {
+            server_us: us(self.0, later.0),
+            postgres_us: us(self.1, later.1),
+            bench_us: us(self.2, later.2),
+            wal_bytes: (later.3 - self.3) as f64 / calls,
+            wal_fpi: (later.4 - self.4) as f64 / calls,
+            batches_per_call: (later.5 - self.5) as f64 / calls,
+            batch_ms: (later.6 - self.6) / (later.5 - self.5).max(1) as f64,
+        }
+    }
+}
+
+/// Whether the search part runs (`PHONE_BENCH_TEAMS_SEARCH=0` skips it:
+/// the sends alone, for trying a change to them quickly).
+fn with_search() -> bool {
+    std::env::var("PHONE_BENCH_TEAMS_SEARCH").map_or(true, |v| v != "0")
+}
+
 pub(crate) async fn run(
     opts: &Opts,
     mode: &Mode,
     admin: &tokio_postgres::Client,
     t0: Instant,
+    postmaster: u32,
+    hz: f64,
 ) -> Result<TeamsReport, String> {
     db::recreate_database(admin, DB_TEAMS).await?;
     // No quotas: the senders send far more than an hour's quota, and the
@@ -130,26 +204,60 @@ pub(crate) async fn run(
         let secs = if mode.name == "quick" { 4 } else { 10 };
         let measure = Duration::from_secs(secs);
         let mut rounds = Vec::new();
+        let mut cpu = Vec::new();
         let (mut single_lat, mut group_lat, mut errors) =
             (Lat::default(), Lat::default(), Errors::default());
+        let server = replicas[0].pid;
         for round in 0..ROUNDS {
             settle(&tdb).await?;
+            let before = Ticks::now(server, postmaster, admin).await;
             let (n, lat, e) = sends(&tg[0], senders, &to, false, measure).await;
+            let single_cpu = before.per_call(&Ticks::now(server, postmaster, admin).await, n, hz);
             single_lat.merge(lat);
             errors.merge(e);
             settle(&tdb).await?;
+            let before = Ticks::now(server, postmaster, admin).await;
             let (g, lat, e) = sends(&tg[0], senders, &to, true, measure).await;
+            let group_cpu = before.per_call(&Ticks::now(server, postmaster, admin).await, g, hz);
             group_lat.merge(lat);
             errors.merge(e);
             let pair = (n as f64 / secs as f64, g as f64 / secs as f64);
             say!(
                 t0,
-                "teams round {}: {:.0} single sends/s, {:.0} group sends/s (×20 messages)",
+                "teams round {}: {:.0} single sends/s, {:.0} group sends/s (×20 messages); \
+                 CPU µs per call, server/PostgreSQL/bench: single {:.0}/{:.0}/{:.0}, group {:.0}/{:.0}/{:.0}; \
+                 WAL bytes (full-page images) per call: single {:.0} ({:.2}), group {:.0} ({:.2}); \
+                 calls per statement, its mean ms: single {:.1}, {:.2}, group {:.1}, {:.2}",
                 round + 1,
                 pair.0,
-                pair.1
+                pair.1,
+                single_cpu.server_us,
+                single_cpu.postgres_us,
+                single_cpu.bench_us,
+                group_cpu.server_us,
+                group_cpu.postgres_us,
+                group_cpu.bench_us,
+                single_cpu.wal_bytes,
+                single_cpu.wal_fpi,
+                group_cpu.wal_bytes,
+                group_cpu.wal_fpi,
+                1.0 / single_cpu.batches_per_call.max(1e-9),
+                single_cpu.batch_ms,
+                1.0 / group_cpu.batches_per_call.max(1e-9),
+                group_cpu.batch_ms,
             );
             rounds.push(pair);
+            cpu.push((single_cpu, group_cpu));
+        }
+        if !with_search() {
+            return Ok(TeamsReport {
+                rounds,
+                cpu,
+                single_lat: single_lat.summary(),
+                group_lat: group_lat.summary(),
+                errors: errors.describe(),
+                ..TeamsReport::default()
+            });
         }
 
         // Search: seed a history, then search one mailbox of it.
@@ -170,6 +278,7 @@ pub(crate) async fn run(
         let total_messages = db::scalar_i64(&tdb, "SELECT count(*) FROM messages").await?;
         Ok(TeamsReport {
             rounds,
+            cpu,
             single_lat: single_lat.summary(),
             group_lat: group_lat.summary(),
             errors: errors.describe(),
@@ -409,6 +518,13 @@ pub(crate) fn target_rows(w: &mut String, x: &TeamsReport) {
         "| a group send to 20 costs ≤ 3× a single send (sends/s, same run) | {ratio:.2}× | {} |",
         verdict(ratio <= 3.0)
     );
+    if x.total_messages == 0 {
+        let _ = writeln!(
+            w,
+            "| search of one's own mail p99 ≤ 20 ms | not run (PHONE_BENCH_TEAMS_SEARCH=0) | — |"
+        );
+        return;
+    }
     let _ = writeln!(
         w,
         "| search of one's own mail p99 ≤ 20 ms ({} messages stored, a mailbox of {}): common words (thousands of matches) | {:.1} ms | {} |",
@@ -446,16 +562,25 @@ pub(crate) fn section(w: &mut String, x: &TeamsReport) {
     );
     let _ = writeln!(
         w,
-        "| round | single sends/s | group sends/s (messages/s) | single ÷ group |"
+        "| round | single sends/s | group sends/s (messages/s) | single ÷ group | per single send: CPU µs server / PostgreSQL / bench; WAL bytes (full-page images) | per group send |"
     );
-    let _ = writeln!(w, "|---|---|---|---|");
+    let _ = writeln!(w, "|---|---|---|---|---|---|");
+    let cpu = |c: &SendCpu| {
+        format!(
+            "{:.0} / {:.0} / {:.0}; {:.0} ({:.2})",
+            c.server_us, c.postgres_us, c.bench_us, c.wal_bytes, c.wal_fpi
+        )
+    };
     for (i, (s, g)) in x.rounds.iter().enumerate() {
+        let (single, group) = x.cpu.get(i).copied().unwrap_or_default();
         let _ = writeln!(
             w,
-            "| {} | {s:.0} | {g:.0} ({:.0}) | {:.2}× |",
+            "| {} | {s:.0} | {g:.0} ({:.0}) | {:.2}× | {} | {} |",
             i + 1,
             g * RECIPIENTS as f64,
-            s / g.max(1e-9)
+            s / g.max(1e-9),
+            cpu(&single),
+            cpu(&group)
         );
     }
     let _ = writeln!(
@@ -463,6 +588,10 @@ pub(crate) fn section(w: &mut String, x: &TeamsReport) {
         "\nLatency p50 / p99: single {:.1} / {:.1} ms, group {:.1} / {:.1} ms. Errors: {}.\n",
         x.single_lat.p50, x.single_lat.p99, x.group_lat.p50, x.group_lat.p99, x.errors
     );
+    if x.total_messages == 0 {
+        let _ = writeln!(w, "Search: not run (`PHONE_BENCH_TEAMS_SEARCH=0`).");
+        return;
+    }
     let _ = writeln!(
         w,
         "Search: {} messages seeded in {:.0} s ({} to or from the searcher, five or six words \
