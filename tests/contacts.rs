@@ -508,3 +508,52 @@ async fn the_unread_cap_does_not_walk_a_young_backlog() {
     assert!(text(&full).contains("inbox is full"), "{}", text(&full));
     app.stop().await;
 }
+
+/// Scans of the contacts' primary key so far.
+async fn contact_probes(db: &tokio_postgres::Client) -> i64 {
+    index_counter(db, "contacts_pkey", "idx_scan").await
+}
+
+/// Mail to an agent that never marked anyone is decided without a look in
+/// `contacts` (its flag says no row can exist), alone or in a group send;
+/// mail to one that did looks its sender up. The first half fails when the
+/// flag is checked after the probe instead of before it.
+#[tokio::test]
+async fn mail_to_an_agent_without_contacts_never_looks_them_up() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let db = app.db().await;
+    let sender = register(&c, "sender", "S", "p").await;
+    for name in ["plain-1", "plain-2", "plain-3"] {
+        register(&c, name, "P", "p").await;
+    }
+    let careful = register(&c, "careful", "C", "p").await;
+    settings(&c, &careful, json!({"allow": ["plain-1"]})).await;
+
+    let before = contact_probes(&db).await;
+    assert_ne!(
+        send(&c, &sender, "plain-1", "one").await.is_error,
+        Some(true)
+    );
+    let group = call(
+        &c,
+        "phone_send",
+        sender.with(json!({"to": ["plain-1", "plain-2", "plain-3"], "body": "all"})),
+    )
+    .await;
+    assert_ne!(group.is_error, Some(true), "{}", text(&group));
+    assert_eq!(
+        contact_probes(&db).await,
+        before,
+        "no recipient ever marked anyone: nothing to look up"
+    );
+
+    assert_ne!(
+        send(&c, &sender, "careful", "two").await.is_error,
+        Some(true)
+    );
+    assert!(
+        contact_probes(&db).await > before,
+        "a recipient with contacts has its sender looked up"
+    );
+}

@@ -430,3 +430,20 @@ pub async fn sends_waiting_on_locks(app: &TestApp, n: i64) {
     )
     .await;
 }
+
+/// A counter of one index in `pg_stat_user_indexes` (`idx_scan`,
+/// `idx_tup_read`). Statistics reach the shared counters when a backend
+/// goes idle, at most once a second: this waits for them first.
+pub async fn index_counter(db: &tokio_postgres::Client, index: &str, column: &str) -> i64 {
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    db.batch_execute("SELECT pg_stat_clear_snapshot()")
+        .await
+        .unwrap();
+    db.query_one(
+        &format!("SELECT {column} FROM pg_stat_user_indexes WHERE indexrelname = $1"),
+        &[&index],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}

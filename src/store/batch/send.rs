@@ -225,7 +225,7 @@ pub(super) fn sends() -> String {
             SELECT a.id, a.project, a.contact_policy, a.suspended_at IS NOT NULL,
                    a.webhook_url IS NOT NULL AND a.webhook_disabled_at IS NULL,
                    a.uses_contacts
-            FROM agents a WHERE a.id = x.to_id AND a.unregistered_at IS NULL
+            FROM agents a WHERE x.to_id IS NOT NULL AND a.id = x.to_id AND a.unregistered_at IS NULL
         ) recipient ON me.id IS NOT NULL),
     judged AS (
         SELECT rs.ord, rs.sender_id, rs.recipient_id,
@@ -239,10 +239,14 @@ pub(super) fn sends() -> String {
                     WHEN rs.contact_policy = 'contacts' AND coalesce(c.is_contact, false) THEN NULL
                     ELSE 'refused' END AS refusal
         FROM resolved rs
+        -- The flag inside the probe, where it is a one-time filter: in the
+        -- join's condition it was checked after the probe, which ran for
+        -- every copy (two buffers each).
         LEFT JOIN LATERAL (
             SELECT is_contact, is_blocked FROM contacts
-            WHERE agent_id = rs.recipient_id AND other_id = rs.sender_id
-            OFFSET 0) c ON rs.recipient_id IS NOT NULL AND rs.uses_contacts),
+            WHERE rs.recipient_id IS NOT NULL AND rs.uses_contacts
+              AND agent_id = rs.recipient_id AND other_id = rs.sender_id
+            OFFSET 0) c ON true),
     counted AS MATERIALIZED (
         SELECT j.ord, j.sender_id, j.recipient_id, j.known,
                row_number() OVER (PARTITION BY j.sender_id ORDER BY j.ord) AS nth,
