@@ -228,11 +228,12 @@ async fn each_recipient_of_a_group_send_is_decided_on_its_own() {
             .contains("no agent named 'nobody'")
     );
     assert!(r[1].get("id").is_none() && r[2].get("id").is_none());
-    assert!(
-        text(&result).contains("blocker: not sent"),
-        "{}",
-        text(&result)
-    );
+    // The text says each reason once: the policy's refusal of 'closed'
+    // names the block's (the same words) instead of repeating them.
+    let said = text(&result);
+    assert!(said.contains("blocker: not sent: "), "{said}");
+    assert!(said.contains("closed: not sent, as for blocker"), "{said}");
+    assert_eq!(said.matches("does not accept").count(), 1, "{said}");
     assert_eq!(app.count("SELECT count(*) FROM messages").await, 1);
     // The one copy stored names no one else (not an empty list).
     let lone = call(&c, "phone_inbox", _open.with(json!({"peek": true}))).await;
@@ -247,6 +248,8 @@ async fn each_recipient_of_a_group_send_is_decided_on_its_own() {
     )
     .await;
     assert!(err.starts_with("nothing was sent: 'blocker'"), "{err}");
+    assert!(err.ends_with("(the same for 'closed')"), "{err}");
+    assert_eq!(err.matches("does not accept").count(), 1, "{err}");
     assert_eq!(app.count("SELECT count(*) FROM messages").await, 1);
     // Bad lists are refused with what to do.
     for (to, says) in [

@@ -177,6 +177,47 @@ pub struct CopySent {
     pub error: Option<String>,
 }
 
+/// A copy's refusal with its recipient's name taken out: copies refused
+/// for the same reason have the same one (a block reads like a policy, so
+/// grouping by it reveals nothing a single answer would not).
+pub fn refusal_reason(error: &str, to: &str) -> String {
+    error.replace(&format!("'{to}'"), "'\u{0}'")
+}
+
+/// The refusals of a group send that stored nothing, each reason said once:
+/// in full for the first recipient it stopped, then "(the same for 'b',
+/// 'c')". Twenty recipients whose inboxes are full are one sentence, not
+/// twenty copies of it.
+fn refusals_once(copies: &[CopySent]) -> String {
+    let mut reasons: Vec<(String, &CopySent, Vec<&str>)> = Vec::new();
+    for copy in copies {
+        let Some(reason) = copy
+            .error
+            .as_deref()
+            .map(|e| refusal_reason(e, copy.to.as_str()))
+        else {
+            continue;
+        };
+        match reasons.iter_mut().find(|(r, _, _)| *r == reason) {
+            Some((_, _, others)) => others.push(copy.to.as_str()),
+            None => reasons.push((reason, copy, Vec::new())),
+        }
+    }
+    reasons
+        .iter()
+        .map(|(_, first, others)| {
+            let error = first.error.as_deref().unwrap_or_default();
+            if others.is_empty() {
+                error.to_owned()
+            } else {
+                let names: Vec<String> = others.iter().map(|n| format!("'{n}'")).collect();
+                format!("{error} (the same for {})", names.join(", "))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// One addressee as resolved for the store, with its name for the answer.
 struct Target {
     name: AgentName,
@@ -304,13 +345,7 @@ impl Phone {
             if !group && let Some(e) = errors.pop() {
                 return Err(e);
             }
-            return Err(PhoneError::NothingSent(
-                copies
-                    .iter()
-                    .filter_map(|c| c.error.clone())
-                    .collect::<Vec<_>>()
-                    .join("; "),
-            ));
+            return Err(PhoneError::NothingSent(refusals_once(&copies)));
         };
         Ok(Sent {
             id,

@@ -86,18 +86,30 @@ pub fn sent(r: &Sent) -> String {
             "Sent"
         };
         let mut out = format!("{verb} in thread {}:", r.thread_id);
+        // Each reason in full once; a later copy refused for the same one
+        // names the first (structuredContent has every copy's own words).
+        let mut said: Vec<(String, &str)> = Vec::new();
         for c in &r.recipients {
             match (&c.id, &c.error) {
                 (Some(id), _) => {
                     let _ = write!(out, "\n- {}: {id}", c.to);
                 }
                 (None, error) => {
-                    let _ = write!(
-                        out,
-                        "\n- {}: not sent: {}",
-                        c.to,
-                        error.as_deref().unwrap_or("")
-                    );
+                    let reason = error
+                        .as_deref()
+                        .map(|e| crate::domain::send::refusal_reason(e, &c.to))
+                        .unwrap_or_default();
+                    if let Some((_, first)) = said.iter().find(|(r, _)| *r == reason) {
+                        let _ = write!(out, "\n- {}: not sent, as for {first}", c.to);
+                    } else {
+                        let _ = write!(
+                            out,
+                            "\n- {}: not sent: {}",
+                            c.to,
+                            error.as_deref().unwrap_or("")
+                        );
+                        said.push((reason, c.to.as_str()));
+                    }
                 }
             }
         }
