@@ -186,7 +186,8 @@ pub fn refusal_reason(error: &str, to: &str) -> String {
 
 /// The refusals of a group send that stored nothing, each reason said once:
 /// in full for the first recipient it stopped, then "(the same for 'b',
-/// 'c')". Twenty recipients whose inboxes are full are one sentence, not
+/// 'c')"; a reason that names no recipient (a quota) ends with "(for 'a',
+/// 'b')". Twenty recipients whose inboxes are full are one sentence, not
 /// twenty copies of it.
 fn refusals_once(copies: &[CopySent]) -> String {
     let mut reasons: Vec<(String, &CopySent, Vec<&str>)> = Vec::new();
@@ -203,15 +204,27 @@ fn refusals_once(copies: &[CopySent]) -> String {
             None => reasons.push((reason, copy, Vec::new())),
         }
     }
+    let quoted = |names: &[&str]| {
+        names
+            .iter()
+            .map(|n| format!("'{n}'"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     reasons
         .iter()
         .map(|(_, first, others)| {
             let error = first.error.as_deref().unwrap_or_default();
+            // A reason that names no one (a quota) names all it stopped.
+            if !error.contains(&format!("'{}'", first.to)) {
+                let mut all = vec![first.to.as_str()];
+                all.extend(others);
+                return format!("{error} (for {})", quoted(&all));
+            }
             if others.is_empty() {
                 error.to_owned()
             } else {
-                let names: Vec<String> = others.iter().map(|n| format!("'{n}'")).collect();
-                format!("{error} (the same for {})", names.join(", "))
+                format!("{error} (the same for {})", quoted(others))
             }
         })
         .collect::<Vec<_>>()
@@ -616,5 +629,44 @@ fn resend_hint(err: PhoneError, key: Option<&str>) -> PhoneError {
             })
         }
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(to: &str, error: PhoneError) -> CopySent {
+        CopySent {
+            to: AgentName::parse("to", to).unwrap(),
+            id: None,
+            error: Some(error.to_string()),
+        }
+    }
+
+    /// Each reason once; one that names no recipient names all it stopped,
+    /// so that none goes unnamed.
+    #[test]
+    fn a_group_refusal_says_each_reason_once_and_names_everyone() {
+        let name = |n: &str| AgentName::parse("to", n).unwrap();
+        let quota = || PhoneError::Quota {
+            what: "messages this hour",
+        };
+        let said = refusals_once(&[
+            refused("a", quota()),
+            refused("closed", PhoneError::Refused(name("closed"))),
+            refused("c", quota()),
+            refused("blocker", PhoneError::Refused(name("blocker"))),
+        ]);
+        assert_eq!(
+            said,
+            format!(
+                "{} (for 'a', 'c'); {} (the same for 'blocker')",
+                quota(),
+                PhoneError::Refused(name("closed"))
+            )
+        );
+        let alone = refusals_once(&[refused("solo", PhoneError::InboxFull(name("solo")))]);
+        assert_eq!(alone, PhoneError::InboxFull(name("solo")).to_string());
     }
 }

@@ -432,10 +432,17 @@ pub async fn sends_waiting_on_locks(app: &TestApp, n: i64) {
 }
 
 /// A counter of one index in `pg_stat_user_indexes` (`idx_scan`,
-/// `idx_tup_read`). Statistics reach the shared counters when a backend
-/// goes idle, at most once a second: this waits for them first.
-pub async fn index_counter(db: &tokio_postgres::Client, index: &str, column: &str) -> i64 {
-    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+/// `idx_tup_read`), read after `settle`. A backend reports its counters
+/// when it goes idle, but one that reported less than a second before
+/// holds them for up to 10 s (PostgreSQL 15's `PGSTAT_IDLE_INTERVAL`): a
+/// count that must include every statement waits 11 s.
+pub async fn index_counter(
+    db: &tokio_postgres::Client,
+    index: &str,
+    column: &str,
+    settle: std::time::Duration,
+) -> i64 {
+    tokio::time::sleep(settle).await;
     db.batch_execute("SELECT pg_stat_clear_snapshot()")
         .await
         .unwrap();
@@ -447,3 +454,6 @@ pub async fn index_counter(db: &tokio_postgres::Client, index: &str, column: &st
     .unwrap()
     .get(0)
 }
+
+/// Long enough for every backend's held statistics to be reported.
+pub const STATS_SETTLED: std::time::Duration = std::time::Duration::from_secs(11);
