@@ -557,3 +557,29 @@ async fn mail_to_an_agent_without_contacts_never_looks_them_up() {
         "a recipient with contacts has its sender looked up"
     );
 }
+
+/// A block written without phone's own mark (a replica older than the flag
+/// during a rolling deploy, an operator's INSERT) still holds: the database
+/// sets the recipient's flag with the row, so sends look it up. Fails
+/// without migration V22's trigger (the send is delivered).
+#[tokio::test]
+async fn a_block_written_by_hand_still_holds() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let boss = register(&c, "boss", "B", "p").await;
+    let pest = register(&c, "pest", "P", "elsewhere").await;
+    assert_ne!(send(&c, &pest, "boss", "before").await.is_error, Some(true));
+    app.db()
+        .await
+        .batch_execute(
+            "INSERT INTO contacts (agent_id, other_id, is_blocked)
+             SELECT b.id, p.id, true FROM agents b, agents p
+             WHERE b.name = 'boss' AND p.name = 'pest'",
+        )
+        .await
+        .unwrap();
+    let refusal = refused(&send(&c, &pest, "boss", "after").await);
+    assert!(refusal.contains("does not accept"), "{refusal}");
+    let unread = ok(&c, "phone_inbox", boss.with(json!({"peek": true}))).await;
+    assert_eq!(unread["messages"].as_array().unwrap().len(), 1, "{unread}");
+}
