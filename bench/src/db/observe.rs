@@ -48,6 +48,16 @@ pub struct StmtStat {
 
 impl StmtStat {
     /// What a statement of the server is for, by its text.
+    /// Run by a replica's own timers, whoever waits or calls: the LISTEN
+    /// connection's heartbeat (every 3 s), the webhook worker's look for
+    /// due deliveries, the pruning.
+    pub fn from_a_timer(&self) -> bool {
+        let q = self.query.as_str();
+        q.contains("pg_is_in_recovery()")
+            || q.contains("WITH due AS MATERIALIZED")
+            || q.starts_with("DELETE FROM")
+    }
+
     pub fn kind(&self) -> &'static str {
         let q = self.query.as_str();
         if q.contains("INSERT INTO messages") && q.contains("SKIP LOCKED") {

@@ -139,6 +139,11 @@ impl WakeCtx<'_> {
             waiting: (before, after),
             stmt_secs,
             statements: stmts.iter().map(|x| x.calls).sum(),
+            timers: stmts
+                .iter()
+                .filter(|x| x.from_a_timer())
+                .map(|x| x.calls)
+                .sum(),
             top: stmts
                 .iter()
                 .take(3)

@@ -60,6 +60,8 @@ pub(crate) struct QuietRow {
     /// pg_stat_statements of the database, from reset to read.
     pub(crate) stmt_secs: f64,
     pub(crate) statements: i64,
+    /// Of them, run by the replicas' own timers (`StmtStat::from_a_timer`).
+    pub(crate) timers: i64,
     /// The most frequent: (kind, excerpt, calls).
     pub(crate) top: Vec<(&'static str, String, i64)>,
     pub(crate) commits: i64,
@@ -71,6 +73,11 @@ pub(crate) struct QuietRow {
 impl QuietRow {
     pub(crate) fn statements_per_s(&self) -> f64 {
         self.statements as f64 / self.stmt_secs.max(1e-9)
+    }
+    /// Statements per second other than the replicas' timers': what
+    /// waiting (or calls) cost.
+    pub(crate) fn untimed_per_s(&self) -> f64 {
+        (self.statements - self.timers) as f64 / self.stmt_secs.max(1e-9)
     }
     pub(crate) fn cores(&self, cpu_s: f64) -> f64 {
         cpu_s / self.cpu.wall.max(1e-9)
