@@ -47,17 +47,25 @@ pub struct StmtStat {
 }
 
 impl StmtStat {
-    /// What a statement of the server is for, by its text.
     /// Run by a replica's own timers, whoever waits or calls: the LISTEN
-    /// connection's heartbeat (every 3 s), the webhook worker's look for
-    /// due deliveries, the pruning.
+    /// connection's heartbeat (every 3 s, `failover::PRIMARY_SQL`), the
+    /// webhook worker's look for due deliveries, the pruning (`prune.rs`,
+    /// expired console sessions). By their exact openings (whitespace
+    /// collapsed): other statements that delete, a long poll's removal of
+    /// its waiter row above all, are per call and stay counted.
     pub fn from_a_timer(&self) -> bool {
-        let q = self.query.as_str();
-        q.contains("pg_is_in_recovery()")
-            || q.contains("WITH due AS MATERIALIZED")
-            || q.starts_with("DELETE FROM")
+        const TIMERS: &[&str] = &[
+            "SELECT NOT (pg_is_in_recovery() OR",
+            "WITH due AS MATERIALIZED",
+            "DELETE FROM refused_sends WHERE id = ANY (ARRAY( SELECT id FROM refused_sends WHERE at <",
+            "DELETE FROM webhook_deliveries WHERE id = ANY (ARRAY( SELECT id FROM webhook_deliveries WHERE state <> 'pending' AND finished_at <",
+            "WITH gone AS ( DELETE FROM messages WHERE id = ANY",
+            "DELETE FROM console_sessions WHERE secret_hash = ANY (ARRAY( SELECT secret_hash FROM console_sessions WHERE expires_at < now()",
+        ];
+        TIMERS.iter().any(|t| self.query.starts_with(t))
     }
 
+    /// What a statement of the server is for, by its text.
     pub fn kind(&self) -> &'static str {
         let q = self.query.as_str();
         if q.contains("INSERT INTO messages") && q.contains("SKIP LOCKED") {
