@@ -612,3 +612,70 @@ async fn a_block_written_by_hand_still_holds() {
     .unwrap();
     refused(&send(&c, &pest, "careless", "held").await);
 }
+
+/// An agent's first block while a batch holds one of the blocked sender's
+/// messages to it and then writes the agent's presence (a poll after a quiet
+/// minute does both, in that order): both finish. When the mark wrote the
+/// flag itself, it held the agent's row while it waited for the message,
+/// the batch waited for the row, and PostgreSQL aborted one of them.
+#[tokio::test]
+async fn a_first_block_racing_a_poll_does_not_deadlock() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let boss = register(&c, "boss", "B", "p").await;
+    let pest = register(&c, "pest", "P", "p").await;
+    assert_ne!(send(&c, &pest, "boss", "unread").await.is_error, Some(true));
+
+    // The batch: it has taken the message (FOR UPDATE, as a poll's pool).
+    let batch = app.db().await;
+    batch
+        .batch_execute(
+            "BEGIN;
+             SELECT m.id FROM messages m JOIN agents a ON a.id = m.recipient_id
+             WHERE a.name = 'boss' FOR UPDATE OF m;",
+        )
+        .await
+        .unwrap();
+    let (c2, args) = (app.client().await, boss.with(json!({"block": ["pest"]})));
+    let mark = tokio::spawn(async move { call(&c2, "phone_settings", args).await });
+    // The mark now waits for the message.
+    let watch = app.db().await;
+    let waits = async {
+        loop {
+            let n: i64 = watch
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                     WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO contacts%'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if n > 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), waits)
+        .await
+        .expect("the mark waits for the message the batch holds");
+    // The batch's presence write, then its commit.
+    let presence = batch
+        .execute(
+            "UPDATE agents SET last_seen_at = now() WHERE name = 'boss'",
+            &[],
+        )
+        .await;
+    assert!(presence.is_ok(), "the batch's presence write: {presence:?}");
+    batch.batch_execute("COMMIT").await.unwrap();
+    let marked = mark.await.unwrap();
+    assert_ne!(marked.is_error, Some(true), "{}", text(&marked));
+    // The block took: the message is withdrawn, later sends are refused.
+    refused(&send(&c, &pest, "boss", "after").await);
+    assert_eq!(
+        app.count("SELECT count(*) FROM messages WHERE dead_reason = 'blocked'")
+            .await,
+        1
+    );
+}

@@ -63,7 +63,13 @@ pub enum Mark {
 /// than `$1`. A mark that removes (disallow, unblock) creates no row. A
 /// block withdraws the blocked agent's unread mail from `$1`'s inbox (dead,
 /// reason `blocked`: out of the inbox and its caps, kept for analytics); an
-/// unblock brings back what is still unread. Names: `agents_active_name_idx`;
+/// unblock brings back what is still unread. The flag the send statement
+/// reads before it probes `contacts` (`uses_contacts`, V14) is written by
+/// the trigger of V22, at the end of the statement: after the messages it
+/// withdraws, as a poll takes messages before it writes the agent's
+/// presence. Written here first, it held the agent's row while waiting for
+/// a message a poll held, and the poll then waited for the row (safe only
+/// while PostgreSQL happened to run it last). Names: `agents_active_name_idx`;
 /// `contacts`' primary key; `messages_unread_sender_idx`, `messages_withdrawn_idx`.
 const MARK: &str = "WITH req AS (
          SELECT * FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS r(name, mark, ord)),
@@ -86,12 +92,6 @@ const MARK: &str = "WITH req AS (
                               ELSE c.is_blocked END,
              updated_at = now()
          RETURNING 1),
-     -- The flag the send statement reads before it probes `contacts`
-     -- (V14), written with the first row it guards.
-     flagged AS (
-         UPDATE agents SET uses_contacts = true
-         WHERE id = $1 AND NOT uses_contacts
-           AND EXISTS (SELECT 1 FROM target WHERE mark IN ('allow', 'block'))),
      withdrawn AS (
          UPDATE messages m SET dead_at = now(), dead_reason = 'blocked'
          WHERE m.recipient_id = $1 AND m.read_at IS NULL AND m.dead_at IS NULL
