@@ -216,31 +216,34 @@ pub async fn heal_groups(db: &Client, groups: &[i64]) -> Result<(), StoreError> 
     if groups.is_empty() {
         return Ok(());
     }
-    let stmt = db
-        .prepare_cached(&format!(
-            "WITH members AS MATERIALIZED (
-                 SELECT id, recipient_id, group_id AS old FROM messages
-                 WHERE group_id = ANY ($1::bigint[])),
-             firsts AS MATERIALIZED (
-                 SELECT old, CASE WHEN bool_or(id = old) THEN old ELSE min(id) END AS first,
-                        array_agg(DISTINCT recipient_id ORDER BY recipient_id) AS recipients
-                 FROM members GROUP BY old),
-             wanted AS MATERIALIZED (
-                 SELECT x.id, f.first,
-                        CASE WHEN x.id = f.first THEN f.recipients END AS recipients
-                 FROM members x JOIN firsts f ON f.old = x.old)
-             UPDATE messages m SET group_id = w.first, group_recipients = w.recipients,
-                                   words = CASE WHEN w.id = w.first THEN coalesce(m.words, {words}) END
-             FROM wanted w
-             WHERE m.id = ANY (ARRAY(SELECT id FROM wanted)) AND m.id = w.id
-               AND ((m.group_id, m.group_recipients) IS DISTINCT FROM (w.first, w.recipients)
-                    OR (m.words IS NULL) = (w.id = w.first))",
-            words = super::fragments::stored_words("m.subject", "m.body"),
-        ))
-        .await?;
+    let stmt = db.prepare_cached(&HEAL_GROUPS).await?;
     db.execute(&stmt, &[&groups]).await?;
     Ok(())
 }
+
+/// [`heal_groups`]' statement, built once: `$1` the group ids.
+static HEAL_GROUPS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH members AS MATERIALIZED (
+             SELECT id, recipient_id, group_id AS old FROM messages
+             WHERE group_id = ANY ($1::bigint[])),
+         firsts AS MATERIALIZED (
+             SELECT old, CASE WHEN bool_or(id = old) THEN old ELSE min(id) END AS first,
+                    array_agg(DISTINCT recipient_id ORDER BY recipient_id) AS recipients
+             FROM members GROUP BY old),
+         wanted AS MATERIALIZED (
+             SELECT x.id, f.first,
+                    CASE WHEN x.id = f.first THEN f.recipients END AS recipients
+             FROM members x JOIN firsts f ON f.old = x.old)
+         UPDATE messages m SET group_id = w.first, group_recipients = w.recipients,
+                               words = CASE WHEN w.id = w.first THEN coalesce(m.words, {words}) END
+         FROM wanted w
+         WHERE m.id = ANY (ARRAY(SELECT id FROM wanted)) AND m.id = w.id
+           AND ((m.group_id, m.group_recipients) IS DISTINCT FROM (w.first, w.recipients)
+                OR (m.words IS NULL) = (w.id = w.first))",
+        words = super::fragments::stored_words("m.subject", "m.body"),
+    )
+});
 
 /// A poll that takes nothing (polls that take mail are batched).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
