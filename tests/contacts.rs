@@ -639,27 +639,13 @@ async fn a_first_block_racing_a_poll_does_not_deadlock() {
     let (c2, args) = (app.client().await, boss.with(json!({"block": ["pest"]})));
     let mark = tokio::spawn(async move { call(&c2, "phone_settings", args).await });
     // The mark now waits for the message.
-    let watch = app.db().await;
-    let waits = async {
-        loop {
-            let n: i64 = watch
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity
-                     WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO contacts%'",
-                    &[],
-                )
-                .await
-                .unwrap()
-                .get(0);
-            if n > 0 {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-    };
-    tokio::time::timeout(std::time::Duration::from_secs(10), waits)
-        .await
-        .expect("the mark waits for the message the batch holds");
+    wait_until(
+        &app.db().await,
+        "the mark waits for the message the batch holds",
+        "SELECT count(*) > 0 FROM pg_stat_activity
+         WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO contacts%'",
+    )
+    .await;
     // The batch's presence write, then its commit.
     let presence = batch
         .execute(
