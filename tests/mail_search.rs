@@ -956,3 +956,52 @@ async fn the_group_text_migration_keeps_older_group_sends_searchable() {
     );
     app.stop().await;
 }
+
+/// Every function an index's expression or predicate calls runs once per
+/// row stored: none may be an SQL function that PostgreSQL cannot inline,
+/// which each statement parses and plans again, and runs in an executor of
+/// its own (V17's `message_group_parties` did, for every group send; V23).
+/// And V23's PL/pgSQL gives what V17's query gave, list by list.
+#[tokio::test]
+async fn index_expressions_call_no_sql_function_and_group_parties_are_unchanged() {
+    let app = spawn_app().await;
+    let db = app.db().await;
+    let sql_functions: Vec<String> = db
+        .query(
+            "SELECT DISTINCT i.indexrelid::regclass::text || ' calls ' || p.oid::regprocedure::text
+             FROM pg_index i
+             JOIN pg_depend d ON d.classid = 'pg_class'::regclass AND d.objid = i.indexrelid
+                             AND d.refclassid = 'pg_proc'::regclass
+             JOIN pg_proc p ON p.oid = d.refobjid
+             JOIN pg_language l ON l.oid = p.prolang AND l.lanname = 'sql'
+             WHERE i.indrelid IN (SELECT oid FROM pg_class WHERE relnamespace = current_schema()::regnamespace)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(sql_functions.is_empty(), "{sql_functions:?}");
+    // V17's body, side by side with the function, for lists of every kind.
+    let differ: Vec<String> = db
+        .query(
+            "SELECT format('%s, %s: %s against %s', r, id, message_group_parties(r, id), v17)
+             FROM (VALUES ('{7}'::bigint[], 4096::bigint), ('{1,2,3}', 1),
+                          ('{9,9}', 123456789), ('{5,6}', NULL), (NULL, 8)) AS t(r, id),
+             LATERAL (SELECT array_agg(lexeme) AS v17
+                      FROM unnest(r) AS u(recipient),
+                           LATERAL (VALUES ('p ' || u.recipient),
+                                           ('p ' || u.recipient || ' ' || (id >> 12))) AS l(lexeme)
+                      WHERE r IS NOT NULL AND id IS NOT NULL) AS old
+             WHERE message_group_parties(r, id) IS DISTINCT FROM old.v17",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(differ.is_empty(), "{differ:?}");
+    app.stop().await;
+}
