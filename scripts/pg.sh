@@ -66,6 +66,8 @@ start)
     fi
     if [ "$mode" = fast ]; then
         opts="$opts -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+        # Tests count how often a statement was planned (pg_stat_statements).
+        opts="$opts -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track_planning=on"
     fi
     as_owner "$BIN/pg_ctl" -D "$dir" -l "$dir/server.log" -o "$opts" -w -t 60 start >/dev/null \
         || { tail -n 30 "$dir/server.log" >&2; exit 1; }

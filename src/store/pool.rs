@@ -51,6 +51,7 @@ impl Pool {
             deadline: self.1,
             discard: Default::default(),
             transaction: Default::default(),
+            plan_mode_set: Default::default(),
             stale: self.2.clone(),
         })
     }
@@ -85,6 +86,9 @@ pub struct Client {
     /// Inside `BEGIN` … `COMMIT`: a failed statement aborts the whole
     /// transaction, so it is not retried alone.
     transaction: std::sync::atomic::AtomicBool,
+    /// `plan_cache_mode` changed until [`Client::query_generic`]'s `RESET`
+    /// is through: closed on drop rather than serving others so.
+    plan_mode_set: std::sync::atomic::AtomicBool,
 }
 
 impl Deref for Client {
@@ -104,7 +108,7 @@ impl Drop for Client {
     fn drop(&mut self) {
         // A connection left inside a transaction (its future dropped
         // between BEGIN and COMMIT) must not serve anyone else.
-        if (*self.discard.get_mut() || *self.transaction.get_mut())
+        if (*self.discard.get_mut() || *self.transaction.get_mut() || *self.plan_mode_set.get_mut())
             && let Some(object) = self.object.take()
         {
             // Detached from the pool; dropping it closes the connection.
@@ -324,6 +328,45 @@ impl Client {
         params: Params<'_>,
     ) -> Result<Vec<Row>, StoreError> {
         traced!(self, stmt, query, params)
+    }
+
+    /// [`Client::query`] on the statement's generic plan, whatever the
+    /// connection planned before. PostgreSQL weighs a new generic plan
+    /// (after any ANALYZE of a table the statement reads) against the
+    /// average cost of the custom plans this connection made, however
+    /// long ago: made while the tables were small, or while no inbox held a
+    /// backlog, that average stays below the new plan's cost, and the
+    /// statement is planned again on every execution (~3 ms for the mail
+    /// statement, more than it runs), until enough custom plans have raised
+    /// the average. For a statement whose parameters no plan may look into
+    /// (they are sub-selects), a custom plan is never better.
+    ///
+    /// `SET` and `RESET` of `plan_cache_mode` go out with the statement, in
+    /// the same flush: no round trip of their own.
+    pub async fn query_generic(
+        &self,
+        stmt: &Prepared,
+        params: Params<'_>,
+    ) -> Result<Vec<Row>, StoreError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let client: &tokio_postgres::Client = self;
+        self.plan_mode_set.store(true, Relaxed);
+        // Polled in order, each sends its messages before it waits.
+        let (set, rows, reset) = tokio::join!(
+            tokio::time::timeout(
+                self.deadline,
+                client.batch_execute("SET plan_cache_mode = force_generic_plan")
+            ),
+            self.query(stmt, params),
+            tokio::time::timeout(self.deadline, client.batch_execute("RESET plan_cache_mode")),
+        );
+        if !matches!(set, Ok(Ok(()))) {
+            tracing::debug!("could not set the plan mode; the statement ran as planned before");
+        }
+        if matches!(reset, Ok(Ok(()))) {
+            self.plan_mode_set.store(false, Relaxed);
+        }
+        rows
     }
 
     pub async fn query_one<T: Sql + ?Sized>(

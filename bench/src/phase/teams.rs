@@ -110,11 +110,14 @@ pub(crate) struct SendCpu {
     /// The mail statements (batches) run, per call, and their mean time.
     batches_per_call: f64,
     batch_ms: f64,
+    /// Plans made per execution of the mail statement (near 0: its generic
+    /// plan; near 1: planned again every time).
+    plans_per_batch: f64,
 }
 
 /// CPU ticks of (the replica, PostgreSQL, the bench) and the cluster's WAL
 /// (bytes, full-page images) now.
-struct Ticks(u64, u64, u64, i64, i64, i64, f64);
+struct Ticks(u64, u64, u64, i64, i64, i64, f64, i64);
 
 impl Ticks {
     /// `admin`: a connection to the database with pg_stat_statements.
@@ -125,14 +128,15 @@ impl Ticks {
             .await
             .map_or((0, 0), |r| (r.get(0), r.get(1)));
         // The mail statement begins with its wake-up check.
-        let (batches, batch_ms) = admin
+        let (batches, batch_ms, plans) = admin
             .query_one(
-                "SELECT coalesce(sum(calls), 0)::bigint, coalesce(sum(total_exec_time), 0)::float8
+                "SELECT coalesce(sum(calls), 0)::bigint, coalesce(sum(total_exec_time), 0)::float8,
+                        coalesce(sum(plans), 0)::bigint
                  FROM pg_stat_statements WHERE query LIKE 'WITH woken AS%'",
                 &[],
             )
             .await
-            .map_or((0, 0.0), |r| (r.get(0), r.get(1)));
+            .map_or((0, 0.0, 0), |r| (r.get(0), r.get(1), r.get(2)));
         Self(
             own(server),
             stats::tree_ticks(postmaster),
@@ -141,6 +145,7 @@ impl Ticks {
             fpi,
             batches,
             batch_ms,
+            plans,
         )
     }
 
@@ -155,6 +160,7 @@ impl Ticks {
             wal_fpi: (later.4 - self.4) as f64 / calls,
             batches_per_call: (later.5 - self.5) as f64 / calls,
             batch_ms: (later.6 - self.6) / (later.5 - self.5).max(1) as f64,
+            plans_per_batch: (later.7 - self.7) as f64 / (later.5 - self.5).max(1) as f64,
         }
     }
 }
@@ -227,7 +233,7 @@ pub(crate) async fn run(
                 "teams round {}: {:.0} single sends/s, {:.0} group sends/s (×20 messages); \
                  CPU µs per call, server/PostgreSQL/bench: single {:.0}/{:.0}/{:.0}, group {:.0}/{:.0}/{:.0}; \
                  WAL bytes (full-page images) per call: single {:.0} ({:.2}), group {:.0} ({:.2}); \
-                 calls per statement, its mean ms: single {:.1}, {:.2}, group {:.1}, {:.2}",
+                 calls per statement, its mean ms, plans per execution: single {:.1}, {:.2}, {:.2}, group {:.1}, {:.2}, {:.2}",
                 round + 1,
                 pair.0,
                 pair.1,
@@ -243,8 +249,10 @@ pub(crate) async fn run(
                 group_cpu.wal_fpi,
                 1.0 / single_cpu.batches_per_call.max(1e-9),
                 single_cpu.batch_ms,
+                single_cpu.plans_per_batch,
                 1.0 / group_cpu.batches_per_call.max(1e-9),
                 group_cpu.batch_ms,
+                group_cpu.plans_per_batch,
             );
             rounds.push(pair);
             cpu.push((single_cpu, group_cpu));

@@ -119,7 +119,7 @@ impl Write for MailWrite {
             .collect();
         let to_wake = self.wakes.take();
         let rows = match client
-            .query(
+            .query_generic(
                 &stmt,
                 &[
                     &tokens,
