@@ -1,6 +1,6 @@
 -- `message_group_parties` (V17), which the search index's expression calls
--- for a group's first copy, becomes PL/pgSQL, with the same result for
--- every input.
+-- for a group's first copy, becomes PL/pgSQL: the index holds the same
+-- lexemes for every list.
 --
 -- As an SQL function it was a query (`unnest` and `array_agg`) that
 -- PostgreSQL cannot inline, so every statement that stored a group send

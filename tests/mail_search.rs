@@ -983,18 +983,25 @@ async fn index_expressions_call_no_sql_function_and_group_parties_are_unchanged(
         .map(|r| r.get(0))
         .collect();
     assert!(sql_functions.is_empty(), "{sql_functions:?}");
-    // V17's body, side by side with the function, for lists of every kind.
+    // V17's body, side by side with the function, as the index stores it
+    // (appended to a sender's lexemes, made a tsvector), for lists of every
+    // kind: empty (V17 gave NULL, V23 an empty array), two-dimensional,
+    // not starting at 1, the largest and negative ids, NULL arguments.
     let differ: Vec<String> = db
         .query(
-            "SELECT format('%s, %s: %s against %s', r, id, message_group_parties(r, id), v17)
+            "SELECT format('%s, %s: %s against %s', r, id, new, old)
              FROM (VALUES ('{7}'::bigint[], 4096::bigint), ('{1,2,3}', 1),
-                          ('{9,9}', 123456789), ('{5,6}', NULL), (NULL, 8)) AS t(r, id),
+                          ('{9,9}', 123456789), ('{5,6}', NULL), (NULL, 8), ('{}', 5),
+                          ('{{1,2},{3,4}}', 8192), ('[5:6]={1,2}', 77),
+                          ('{9223372036854775807}', 9223372036854775807), ('{-3}', -40000)) AS t(r, id),
              LATERAL (SELECT array_agg(lexeme) AS v17
                       FROM unnest(r) AS u(recipient),
                            LATERAL (VALUES ('p ' || u.recipient),
                                            ('p ' || u.recipient || ' ' || (id >> 12))) AS l(lexeme)
-                      WHERE r IS NOT NULL AND id IS NOT NULL) AS old
-             WHERE message_group_parties(r, id) IS DISTINCT FROM old.v17",
+                      WHERE r IS NOT NULL AND id IS NOT NULL) AS v17,
+             LATERAL (SELECT array_to_tsvector(ARRAY['p 1'] || message_group_parties(r, id)) AS new,
+                             array_to_tsvector(ARRAY['p 1'] || v17.v17) AS old) AS lexemes
+             WHERE new IS DISTINCT FROM old",
             &[],
         )
         .await
@@ -1002,6 +1009,19 @@ async fn index_expressions_call_no_sql_function_and_group_parties_are_unchanged(
         .iter()
         .map(|r| r.get(0))
         .collect();
+    // A NULL recipient fails the index's expression, as it did.
+    let null_recipient = db
+        .query_one(
+            "SELECT array_to_tsvector(ARRAY['p 1'] || message_group_parties('{1,NULL}', 1))",
+            &[],
+        )
+        .await
+        .expect_err("a NULL lexeme");
+    assert!(
+        null_recipient.to_string().contains("null")
+            || format!("{null_recipient:?}").contains("null"),
+        "{null_recipient:?}"
+    );
     assert!(differ.is_empty(), "{differ:?}");
     app.stop().await;
 }

@@ -215,7 +215,11 @@ macro_rules! traced {
             // serialization conflict was rolled back whole: running it again
             // is safe, once (then the caller hears "retry").
             match &outcome {
-                Err(e) if e.is_conflict() && attempts == 1 && !$self.in_transaction() => {
+                Err(e) if e.is_conflict()
+                    && attempts == 1
+                    && !$self.in_transaction()
+                    && !$self.plan_mode_set.load(std::sync::atomic::Ordering::Relaxed) =>
+                {
                     tracing::debug!(error = %e, "statement conflicted with a concurrent one; retrying once");
                 }
                 _ => break outcome,
@@ -338,35 +342,59 @@ impl Client {
     /// backlog, that average stays below the new plan's cost, and the
     /// statement is planned again on every execution (~3 ms for the mail
     /// statement, more than it runs), until enough custom plans have raised
-    /// the average. For a statement whose parameters no plan may look into
-    /// (they are sub-selects), a custom plan is never better.
+    /// the average. Meant for statements whose parameters are arrays read
+    /// through sub-selects, which a custom plan cannot look into.
     ///
-    /// `SET` and `RESET` of `plan_cache_mode` go out with the statement, in
-    /// the same flush: no round trip of their own.
+    /// `SET` and `RESET` of `plan_cache_mode` are queued with the statement,
+    /// in order: no round trip of their own. A conflict retries the three
+    /// together, once, as [`Client::query`] retries a statement alone.
     pub async fn query_generic(
         &self,
         stmt: &Prepared,
         params: Params<'_>,
     ) -> Result<Vec<Row>, StoreError> {
         use std::sync::atomic::Ordering::Relaxed;
+        // Inside BEGIN a failed statement would fail the RESET too (and
+        // ROLLBACK would undo the SET anyway).
+        debug_assert!(!self.in_transaction(), "query_generic inside a transaction");
         let client: &tokio_postgres::Client = self;
-        self.plan_mode_set.store(true, Relaxed);
-        // Polled in order, each sends its messages before it waits.
-        let (set, rows, reset) = tokio::join!(
-            tokio::time::timeout(
-                self.deadline,
-                client.batch_execute("SET plan_cache_mode = force_generic_plan")
-            ),
-            self.query(stmt, params),
-            tokio::time::timeout(self.deadline, client.batch_execute("RESET plan_cache_mode")),
-        );
-        if !matches!(set, Ok(Ok(()))) {
-            tracing::debug!("could not set the plan mode; the statement ran as planned before");
+        let bounded = |e: Result<Result<(), tokio_postgres::Error>, _>| match e {
+            Ok(done) => done.map_err(StoreError::from),
+            Err(_) => Err(StoreError::Unavailable(STALLED.into())),
+        };
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            // Until the RESET is through, the connection is not to serve
+            // anyone else (closed on drop), and `traced!` does not retry
+            // the statement alone (it would run after the RESET).
+            self.plan_mode_set.store(true, Relaxed);
+            // Polled in this order (`biased`), each queues its messages
+            // before it first waits.
+            let (set, rows, reset) = tokio::join!(
+                biased;
+                tokio::time::timeout(
+                    self.deadline,
+                    client.batch_execute("SET plan_cache_mode = force_generic_plan")
+                ),
+                self.query(stmt, params),
+                tokio::time::timeout(self.deadline, client.batch_execute("RESET plan_cache_mode")),
+            );
+            if let Err(e) = bounded(set) {
+                tracing::debug!(error = %e, "could not set the plan mode; the statement ran as planned before");
+                self.noticed(&e);
+            }
+            match bounded(reset) {
+                Ok(()) => self.plan_mode_set.store(false, Relaxed),
+                Err(e) => self.noticed(&e),
+            }
+            match rows {
+                Err(e) if e.is_conflict() && attempts == 1 && !self.plan_mode_set.load(Relaxed) => {
+                    tracing::debug!(error = %e, "statement conflicted with a concurrent one; retrying once");
+                }
+                rows => return rows,
+            }
         }
-        if matches!(reset, Ok(Ok(()))) {
-            self.plan_mode_set.store(false, Relaxed);
-        }
-        rows
     }
 
     pub async fn query_one<T: Sql + ?Sized>(
