@@ -86,8 +86,8 @@ pub struct Client {
     /// Inside `BEGIN` … `COMMIT`: a failed statement aborts the whole
     /// transaction, so it is not retried alone.
     transaction: std::sync::atomic::AtomicBool,
-    /// `plan_cache_mode` changed until [`Client::query_generic`]'s `RESET`
-    /// is through: closed on drop rather than serving others so.
+    /// A statement of [`Client::query_generic`] in flight, its `RESET` not
+    /// known to be queued: closed on drop rather than trusted.
     plan_mode_set: std::sync::atomic::AtomicBool,
 }
 
@@ -346,50 +346,44 @@ impl Client {
     /// through sub-selects, which a custom plan cannot look into.
     ///
     /// `SET` and `RESET` of `plan_cache_mode` are queued with the statement,
-    /// in order: no round trip of their own. A conflict retries the three
-    /// together, once, as [`Client::query`] retries a statement alone.
+    /// in order: no round trip of their own, and the batch does not wait
+    /// for the `RESET`'s answer (whoever uses the connection next is queued
+    /// behind it). A conflict retries the three together, once, as
+    /// [`Client::query`] retries a statement alone.
     pub async fn query_generic(
         &self,
         stmt: &Prepared,
         params: Params<'_>,
     ) -> Result<Vec<Row>, StoreError> {
         use std::sync::atomic::Ordering::Relaxed;
+        use std::task::Poll;
         // Inside BEGIN a failed statement would fail the RESET too (and
         // ROLLBACK would undo the SET anyway).
         debug_assert!(!self.in_transaction(), "query_generic inside a transaction");
         let client: &tokio_postgres::Client = self;
-        let bounded = |e: Result<Result<(), tokio_postgres::Error>, _>| match e {
-            Ok(done) => done.map_err(StoreError::from),
-            Err(_) => Err(StoreError::Unavailable(STALLED.into())),
-        };
         let mut attempts = 0;
         loop {
             attempts += 1;
-            // Until the RESET is through, the connection is not to serve
-            // anyone else (closed on drop), and `traced!` does not retry
-            // the statement alone (it would run after the RESET).
+            // While the statement runs: `traced!` does not retry it alone
+            // (it would run after the RESET), and a connection dropped
+            // mid-way is closed rather than trusted.
             self.plan_mode_set.store(true, Relaxed);
-            // Polled in this order (`biased`), each queues its messages
-            // before it first waits.
-            let (set, rows, reset) = tokio::join!(
-                biased;
-                tokio::time::timeout(
-                    self.deadline,
-                    client.batch_execute("SET plan_cache_mode = force_generic_plan")
-                ),
-                self.query(stmt, params),
-                tokio::time::timeout(self.deadline, client.batch_execute("RESET plan_cache_mode")),
-            );
-            if let Err(e) = bounded(set) {
-                tracing::debug!(error = %e, "could not set the plan mode; the statement ran as planned before");
-                self.noticed(&e);
-            }
-            match bounded(reset) {
-                Ok(()) => self.plan_mode_set.store(false, Relaxed),
-                Err(e) => self.noticed(&e),
-            }
+            let set = client.batch_execute("SET plan_cache_mode = force_generic_plan");
+            let query = self.query(stmt, params);
+            let reset = client.batch_execute("RESET plan_cache_mode");
+            tokio::pin!(set, query, reset);
+            // Each queues its messages on its first poll, before it waits:
+            // polled once each, in this order, with no await in between.
+            let _ = futures_util::poll!(set.as_mut());
+            let first = futures_util::poll!(query.as_mut());
+            let _ = futures_util::poll!(reset.as_mut());
+            let rows = match first {
+                Poll::Ready(rows) => rows,
+                Poll::Pending => query.await,
+            };
+            self.plan_mode_set.store(false, Relaxed);
             match rows {
-                Err(e) if e.is_conflict() && attempts == 1 && !self.plan_mode_set.load(Relaxed) => {
+                Err(e) if e.is_conflict() && attempts == 1 => {
                     tracing::debug!(error = %e, "statement conflicted with a concurrent one; retrying once");
                 }
                 rows => return rows,
