@@ -51,7 +51,7 @@ impl Pool {
             deadline: self.1,
             discard: Default::default(),
             transaction: Default::default(),
-            plan_mode_set: Default::default(),
+            retried_whole: Default::default(),
             stale: self.2.clone(),
         })
     }
@@ -86,9 +86,10 @@ pub struct Client {
     /// Inside `BEGIN` … `COMMIT`: a failed statement aborts the whole
     /// transaction, so it is not retried alone.
     transaction: std::sync::atomic::AtomicBool,
-    /// A statement of [`Client::query_generic`] in flight, its `RESET` not
-    /// known to be queued: closed on drop rather than trusted.
-    plan_mode_set: std::sync::atomic::AtomicBool,
+    /// A statement of [`Client::query_generic`] in flight: `traced!` leaves
+    /// a conflict to it, which retries `SET`, statement and `RESET`
+    /// together (alone, the statement would run after the `RESET`).
+    retried_whole: std::sync::atomic::AtomicBool,
 }
 
 impl Deref for Client {
@@ -108,7 +109,7 @@ impl Drop for Client {
     fn drop(&mut self) {
         // A connection left inside a transaction (its future dropped
         // between BEGIN and COMMIT) must not serve anyone else.
-        if (*self.discard.get_mut() || *self.transaction.get_mut() || *self.plan_mode_set.get_mut())
+        if (*self.discard.get_mut() || *self.transaction.get_mut())
             && let Some(object) = self.object.take()
         {
             // Detached from the pool; dropping it closes the connection.
@@ -218,7 +219,7 @@ macro_rules! traced {
                 Err(e) if e.is_conflict()
                     && attempts == 1
                     && !$self.in_transaction()
-                    && !$self.plan_mode_set.load(std::sync::atomic::Ordering::Relaxed) =>
+                    && !$self.retried_whole.load(std::sync::atomic::Ordering::Relaxed) =>
                 {
                     tracing::debug!(error = %e, "statement conflicted with a concurrent one; retrying once");
                 }
@@ -355,33 +356,43 @@ impl Client {
         stmt: &Prepared,
         params: Params<'_>,
     ) -> Result<Vec<Row>, StoreError> {
-        use std::sync::atomic::Ordering::Relaxed;
+        use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
         use std::task::Poll;
+        /// Clears the flag when the statement is done, or dropped.
+        struct InFlight<'a>(&'a AtomicBool);
+        impl Drop for InFlight<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Relaxed);
+            }
+        }
         // Inside BEGIN a failed statement would fail the RESET too (and
         // ROLLBACK would undo the SET anyway).
         debug_assert!(!self.in_transaction(), "query_generic inside a transaction");
         let client: &tokio_postgres::Client = self;
+        // Queues a simple statement (its messages go out on the first
+        // poll) and drops its answer unread: the connection task discards
+        // it, and no answer waits in a channel while the statement runs.
+        let queue = |sql: &'static str| {
+            let request = std::pin::pin!(client.batch_execute(sql));
+            let _ = request.poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
+        };
         let mut attempts = 0;
         loop {
             attempts += 1;
-            // While the statement runs: `traced!` does not retry it alone
-            // (it would run after the RESET), and a connection dropped
-            // mid-way is closed rather than trusted.
-            self.plan_mode_set.store(true, Relaxed);
-            let set = client.batch_execute("SET plan_cache_mode = force_generic_plan");
-            let query = self.query(stmt, params);
-            let reset = client.batch_execute("RESET plan_cache_mode");
-            tokio::pin!(set, query, reset);
-            // Each queues its messages on its first poll, before it waits:
-            // polled once each, in this order, with no await in between.
-            let _ = futures_util::poll!(set.as_mut());
+            self.retried_whole.store(true, Relaxed);
+            let _in_flight = InFlight(&self.retried_whole);
+            // In this order, with no await in between: whoever uses the
+            // connection next is queued behind the RESET. A failed SET or
+            // RESET (the connection lost) fails the statement or the next
+            // user's, and is noticed there.
+            let mut query = std::pin::pin!(self.query(stmt, params));
+            queue("SET plan_cache_mode = force_generic_plan");
             let first = futures_util::poll!(query.as_mut());
-            let _ = futures_util::poll!(reset.as_mut());
+            queue("RESET plan_cache_mode");
             let rows = match first {
                 Poll::Ready(rows) => rows,
                 Poll::Pending => query.await,
             };
-            self.plan_mode_set.store(false, Relaxed);
             match rows {
                 Err(e) if e.is_conflict() && attempts == 1 => {
                     tracing::debug!(error = %e, "statement conflicted with a concurrent one; retrying once");
