@@ -1243,7 +1243,10 @@ async fn the_mail_statement_keeps_its_generic_plan_as_the_table_grows() {
         .unwrap();
     // Plans are counted only with track_planning (scripts/pg.sh sets it).
     let tracked: String = db
-        .query_one("SELECT current_setting('pg_stat_statements.track_planning')", &[])
+        .query_one(
+            "SELECT current_setting('pg_stat_statements.track_planning')",
+            &[],
+        )
         .await
         .unwrap()
         .get(0);
@@ -1289,6 +1292,9 @@ async fn the_mail_statement_keeps_its_generic_plan_as_the_table_grows() {
     // A new generic plan per connection (two; the ANALYZE invalidated
     // each), with room for each to be replaced once; at least one, or
     // nothing was counted.
-    assert!((1..=4).contains(&planned), "{planned} plans for {ran} executions");
+    assert!(
+        (1..=4).contains(&planned),
+        "{planned} plans for {ran} executions"
+    );
     app.stop().await;
 }
