@@ -156,7 +156,7 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
                   {picked}
                   UNION ALL
                   SELECT m.id FROM messages m, me
-                  WHERE {gate}
+                  WHERE (SELECT n FROM found{last_step}) < {enough}
                     AND {MESSAGE_SEARCH} @@ (SELECT mine FROM q) AND {filters}),
               -- Each candidate ranked by its text and shown as the
               -- caller's copy, once: as a subquery, the page's filter on
@@ -187,7 +187,6 @@ static SEARCH: LazyLock<String> = LazyLock::new(|| {
         caller = caller_by_token("$1", "$2"),
         touch = presence_write("SELECT id, last_seen_at FROM me"),
         picked = picked.join("\n                  UNION ALL\n                  "),
-        gate = format!("(SELECT n FROM found{last_step}) < {enough}"),
         columns = message_columns_searched_by("r.name", "me.id"),
         waiting = count_waiting("$9"),
     )
