@@ -966,49 +966,39 @@ async fn the_group_text_migration_keeps_older_group_sends_searchable() {
 async fn index_expressions_call_no_sql_function_and_group_parties_are_unchanged() {
     let app = spawn_app().await;
     let db = app.db().await;
-    let sql_functions: Vec<String> = db
-        .query(
-            "SELECT DISTINCT i.indexrelid::regclass::text || ' calls ' || p.oid::regprocedure::text
-             FROM pg_index i
-             JOIN pg_depend d ON d.classid = 'pg_class'::regclass AND d.objid = i.indexrelid
-                             AND d.refclassid = 'pg_proc'::regclass
-             JOIN pg_proc p ON p.oid = d.refobjid
-             JOIN pg_language l ON l.oid = p.prolang AND l.lanname = 'sql'
-             WHERE i.indrelid IN (SELECT oid FROM pg_class WHERE relnamespace = current_schema()::regnamespace)",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let sql_functions = texts(
+        &db,
+        "SELECT DISTINCT i.indexrelid::regclass::text || ' calls ' || p.oid::regprocedure::text
+         FROM pg_index i
+         JOIN pg_depend d ON d.classid = 'pg_class'::regclass AND d.objid = i.indexrelid
+                         AND d.refclassid = 'pg_proc'::regclass
+         JOIN pg_proc p ON p.oid = d.refobjid
+         JOIN pg_language l ON l.oid = p.prolang AND l.lanname = 'sql'
+         WHERE i.indrelid IN (SELECT oid FROM pg_class WHERE relnamespace = current_schema()::regnamespace)",
+    )
+    .await;
     assert!(sql_functions.is_empty(), "{sql_functions:?}");
     // V17's body, side by side with the function, as the index stores it
     // (appended to a sender's lexemes, made a tsvector), for lists of every
     // kind: empty (V17 gave NULL, V23 an empty array), two-dimensional,
     // not starting at 1, the largest and negative ids, NULL arguments.
-    let differ: Vec<String> = db
-        .query(
-            "SELECT format('%s, %s: %s against %s', r, id, new, old)
-             FROM (VALUES ('{7}'::bigint[], 4096::bigint), ('{1,2,3}', 1),
-                          ('{9,9}', 123456789), ('{5,6}', NULL), (NULL, 8), ('{}', 5),
-                          ('{{1,2},{3,4}}', 8192), ('[5:6]={1,2}', 77),
-                          ('{9223372036854775807}', 9223372036854775807), ('{-3}', -40000)) AS t(r, id),
-             LATERAL (SELECT array_agg(lexeme) AS v17
-                      FROM unnest(r) AS u(recipient),
-                           LATERAL (VALUES ('p ' || u.recipient),
-                                           ('p ' || u.recipient || ' ' || (id >> 12))) AS l(lexeme)
-                      WHERE r IS NOT NULL AND id IS NOT NULL) AS v17,
-             LATERAL (SELECT array_to_tsvector(ARRAY['p 1'] || message_group_parties(r, id)) AS new,
-                             array_to_tsvector(ARRAY['p 1'] || v17.v17) AS old) AS lexemes
-             WHERE new IS DISTINCT FROM old",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let differ = texts(
+        &db,
+        "SELECT format('%s, %s: %s against %s', r, id, new, old)
+         FROM (VALUES ('{7}'::bigint[], 4096::bigint), ('{1,2,3}', 1),
+                      ('{9,9}', 123456789), ('{5,6}', NULL), (NULL, 8), ('{}', 5),
+                      ('{{1,2},{3,4}}', 8192), ('[5:6]={1,2}', 77),
+                      ('{9223372036854775807}', 9223372036854775807), ('{-3}', -40000)) AS t(r, id),
+         LATERAL (SELECT array_agg(lexeme) AS v17
+                  FROM unnest(r) AS u(recipient),
+                       LATERAL (VALUES ('p ' || u.recipient),
+                                       ('p ' || u.recipient || ' ' || (id >> 12))) AS l(lexeme)
+                  WHERE r IS NOT NULL AND id IS NOT NULL) AS v17,
+         LATERAL (SELECT array_to_tsvector(ARRAY['p 1'] || message_group_parties(r, id)) AS new,
+                         array_to_tsvector(ARRAY['p 1'] || v17.v17) AS old) AS lexemes
+         WHERE new IS DISTINCT FROM old",
+    )
+    .await;
     // A NULL recipient fails the index's expression, as it did.
     let null_recipient = db
         .query_one(

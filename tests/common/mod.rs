@@ -278,6 +278,16 @@ impl Agent {
     }
 }
 
+/// The first column of every row `sql` returns, as text.
+pub async fn texts(db: &tokio_postgres::Client, sql: &str) -> Vec<String> {
+    db.query(sql, &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
 /// Polls `sql` (one boolean) until it is true, for up to 5 s; on timeout
 /// fails with what every session of the database is doing.
 pub async fn wait_until(db: &tokio_postgres::Client, what: &str, sql: &str) {
@@ -298,17 +308,12 @@ pub async fn wait_until_for(
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    let activity: Vec<String> = db
-        .query(
-            "SELECT coalesce(wait_event_type, '-') || ' ' || coalesce(wait_event, '-') || ' ' || state || ' ' || left(regexp_replace(query, '\\s+', ' ', 'g'), 80)
-             FROM pg_stat_activity WHERE datname = current_database()",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let activity = texts(
+        db,
+        "SELECT coalesce(wait_event_type, '-') || ' ' || coalesce(wait_event, '-') || ' ' || state || ' ' || left(regexp_replace(query, '\\s+', ' ', 'g'), 80)
+         FROM pg_stat_activity WHERE datname = current_database()",
+    )
+    .await;
     panic!("timed out waiting until {what}; sessions: {activity:#?}");
 }
 
