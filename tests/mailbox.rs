@@ -1298,3 +1298,68 @@ async fn the_mail_statement_keeps_its_generic_plan_as_the_table_grows() {
     );
     app.stop().await;
 }
+
+/// A batch's statement holds only the parts its calls use: every part of a
+/// statement is set up on each execution, whether it runs or not, and a
+/// send alone in the statement for sends and polls cost 3 times a plain
+/// insert (pgbench, bench/RESULTS.md). Calls made one at a time are
+/// batches of one: a send, a read poll and a lease poll each run a
+/// statement without the others' parts.
+#[tokio::test]
+async fn a_batch_runs_only_the_parts_of_the_mail_statement_its_calls_use() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let db = app.db().await;
+    db.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .await
+        .unwrap();
+    let alice = register(&c, "alice", "A", "p").await;
+    let bob = register(&c, "bob", "B", "p").await;
+    for i in 0..2 {
+        let body = format!("note {i}");
+        ok(
+            &c,
+            "phone_send",
+            alice.with(json!({"to": "bob", "body": body})),
+        )
+        .await;
+    }
+    let read = ok(&c, "phone_inbox", bob.with(json!({"limit": 1}))).await;
+    assert_eq!(read["messages"][0]["body"], "note 0", "{read}");
+    let leased = ok(
+        &c,
+        "phone_inbox",
+        bob.with(json!({"limit": 1, "mode": "lease", "lease_seconds": 60})),
+    )
+    .await;
+    assert_eq!(leased["messages"][0]["body"], "note 1", "{leased}");
+    let ran = texts(
+        &db,
+        "SELECT query FROM pg_stat_statements
+         WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+           AND query LIKE 'WITH woken AS%' AND calls > 0",
+    )
+    .await;
+    let shape = |q: &String| {
+        (
+            q.contains("INSERT INTO messages"),
+            q.contains("read_taken AS"),
+            q.contains("lease_taken AS"),
+        )
+    };
+    let mut shapes: Vec<_> = ran.iter().map(shape).collect();
+    shapes.sort();
+    // (stores sends, takes read polls' mail, leases): the sends alone, the
+    // read poll alone, the lease poll with the read polls' part (a batch
+    // with a lease poll may hold read polls too).
+    assert_eq!(
+        shapes,
+        [
+            (false, true, false),
+            (false, true, true),
+            (true, false, false)
+        ],
+        "the mail statements that ran: {ran:#?}"
+    );
+    app.stop().await;
+}

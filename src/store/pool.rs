@@ -316,8 +316,21 @@ impl Client {
 
     /// Prepares through deadpool's per-connection statement cache.
     pub async fn prepare_cached(&self, sql: &str) -> Result<Prepared, StoreError> {
+        self.prepare_typed_cached(sql, &[]).await
+    }
+
+    /// [`Client::prepare_cached`] with the parameters' types declared (for
+    /// a statement that leaves some of its parameters unused; the others
+    /// may be left out of `types`).
+    pub async fn prepare_typed_cached(
+        &self,
+        sql: &str,
+        types: &[tokio_postgres::types::Type],
+    ) -> Result<Prepared, StoreError> {
         let statement =
-            match tokio::time::timeout(self.deadline, (**self).prepare_cached(sql)).await {
+            match tokio::time::timeout(self.deadline, (**self).prepare_typed_cached(sql, types))
+                .await
+            {
                 Ok(Ok(prepared)) => Ok(prepared),
                 Ok(Err(e)) => Err(StoreError::from(e)),
                 Err(_) => Err(StoreError::Unavailable(STALLED.into())),

@@ -15,6 +15,7 @@ use super::{
 use crate::store::fragments::{SENDER_LOOKUP, polled_message_columns, presence_write};
 use crate::store::messages::Polled;
 use std::sync::Arc;
+use tokio_postgres::types::Type;
 
 use tokio_util::sync::CancellationToken;
 
@@ -92,7 +93,9 @@ impl Write for MailWrite {
             }
         }
         let client = self.pool.get().await?;
-        let stmt = client.prepare_cached(&MAIL_BATCH_SQL).await?;
+        let stmt = client
+            .prepare_typed_cached(Parts::of(calls).sql(), &PARAM_TYPES)
+            .await?;
         let tokens: Vec<&[u8]> = sends.iter().map(|s| s.token.as_slice()).collect();
         let claimed: Vec<Option<&str>> = sends.iter().map(|s| s.claimed.as_deref()).collect();
         let subjects: Vec<Option<&str>> = sends.iter().map(|s| s.subject.as_deref()).collect();
@@ -346,49 +349,135 @@ impl super::Batcher<MailWrite> {
     }
 }
 
-/// The mail statement, built once. `$1`-`$9`, `$17`-`$24` the sends (see `sends`),
-/// `$10` token digests, `$11` claimed names, `$12` limits, `$15` lease
-/// seconds and `$16` max deliveries (NULL for read polls) of the polls
-/// (arrays, one element per call), `$13` the unread count's cap, `$14`
-/// recipients of committed sends to wake: which of them wait comes back as
-/// rows with a NULL `is_poll` (the one-time filter on `preq` runs the check
-/// whatever the calls find, even when no token matches); the NOTIFY itself
-/// runs in a statement of its own, so that it cannot fail the mail. The arrays
-/// are wrapped in sub-selects so that no plan knows their length: with it,
+/// Which parts of the mail statement a batch uses: a statement holds only
+/// those. Every part of a statement is set up on each execution, whether or
+/// not it runs (~250 plan nodes initialised for the whole statement): in
+/// pgbench on this machine, a read poll alone took 0.46 ms in the statement
+/// for sends and polls and 0.21 ms in its own, a send alone 0.95 and 0.81
+/// ms (bench/RESULTS.md). Each shape is its own prepared statement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Parts {
+    pub sends: bool,
+    pub polls: bool,
+    /// Lease polls among the polls.
+    pub leases: bool,
+}
+
+impl Parts {
+    fn of(calls: &[MailCall]) -> Self {
+        let mut parts = Self {
+            sends: false,
+            polls: false,
+            leases: false,
+        };
+        for call in calls {
+            match call {
+                MailCall::Send(_) => parts.sends = true,
+                MailCall::Poll(poll) => {
+                    parts.polls = true;
+                    parts.leases |= poll.lease.is_some();
+                }
+            }
+        }
+        parts
+    }
+
+    /// The statement for this shape, built on first use.
+    pub(crate) fn sql(self) -> &'static str {
+        static SHAPES: [std::sync::OnceLock<String>; 8] = [const { std::sync::OnceLock::new() }; 8];
+        let at =
+            usize::from(self.sends) | usize::from(self.polls) << 1 | usize::from(self.leases) << 2;
+        SHAPES[at].get_or_init(|| mail_batch_sql(self))
+    }
+}
+
+/// The mail statement's parameters, declared: a shape without sends or
+/// without polls does not mention theirs, and PostgreSQL could not infer
+/// their types.
+const PARAM_TYPES: [Type; 24] = [
+    Type::BYTEA_ARRAY,  // $1 tokens of the senders
+    Type::TEXT_ARRAY,   // $2 claimed names
+    Type::TEXT_ARRAY,   // $3 recipient names, per copy
+    Type::TEXT_ARRAY,   // $4 subjects
+    Type::TEXT_ARRAY,   // $5 bodies
+    Type::INT8_ARRAY,   // $6 reply_to
+    Type::INT8_ARRAY,   // $7 threads
+    Type::TEXT_ARRAY,   // $8 idempotency keys, per copy
+    Type::INT8_ARRAY,   // $9 recipient ids, per copy
+    Type::BYTEA_ARRAY,  // $10 tokens of the pollers
+    Type::TEXT_ARRAY,   // $11 claimed names
+    Type::INT8_ARRAY,   // $12 limits
+    Type::INT8,         // $13 the unread count's cap
+    Type::INT8_ARRAY,   // $14 recipients to wake
+    Type::FLOAT8_ARRAY, // $15 lease seconds
+    Type::INT4_ARRAY,   // $16 max deliveries
+    Type::BOOL_ARRAY,   // $17 answers its recipient, per copy
+    Type::INT4,         // $18 sends per hour
+    Type::INT4,         // $19 new recipients per day
+    Type::INT4,         // $20 unread per inbox
+    Type::INT4,         // $21 unread per sender
+    Type::INT4,         // $22 webhook backlog
+    Type::FLOAT8_ARRAY, // $23 lifetimes
+    Type::INT8_ARRAY,   // $24 the send of each copy
+];
+
+/// The mail statement for the parts `parts` names. `$1`-`$9`, `$17`-`$24`
+/// the sends (see `sends`), `$10` token digests, `$11` claimed names, `$12`
+/// limits, `$15` lease seconds and `$16` max deliveries (NULL for read
+/// polls) of the polls (arrays, one element per call), `$13` the unread
+/// count's cap, `$14` recipients of committed sends to wake: which of them
+/// wait comes back as rows with a NULL `is_poll`; the NOTIFY itself runs in
+/// a statement of its own, so that it cannot fail the mail. The arrays are
+/// wrapped in sub-selects so that no plan knows their length: with it,
 /// every custom plan looked cheaper than the generic one and the statement
 /// was planned again on every execution (~0.7 ms each, pg_stat_statements
 /// in `make bench`). One row per send, and per poll one per message taken
 /// (or one without a message), in message order.
-static MAIL_BATCH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    let woken = waiting_among("$14");
-    let polls = polls();
-    let sends = sends();
-    let touch = presence_write(&format!("{SENDERS} UNION ALL {POLLERS}"));
-    let columns = polled_message_columns("me.name");
-    format!(
-        "WITH woken AS ({woken}),
-         {sends},
-         preq AS (
+fn mail_batch_sql(parts: Parts) -> String {
+    let mut ctes = vec![format!("woken AS ({})", waiting_among("$14"))];
+    let mut callers = Vec::new();
+    let mut rows = Vec::new();
+    if parts.sends {
+        ctes.push(sends());
+        callers.push(SENDERS);
+    }
+    if parts.polls {
+        ctes.push(
+            "preq AS (
              SELECT * FROM unnest((SELECT $10::bytea[]), (SELECT $11::text[]), (SELECT $12::bigint[]),
                                   (SELECT $15::float8[]), (SELECT $16::int[]))
-                 WITH ORDINALITY AS r(token, claimed, lim, lease_secs, max_deliveries, ord)
-             WHERE (SELECT ids FROM woken) IS NOT NULL),
-         {polls},
-         touched AS ({touch})
-         SELECT true AS is_poll, me.ord, me.id AS me_id, {columns},
+                 WITH ORDINALITY AS r(token, claimed, lim, lease_secs, max_deliveries, ord))"
+                .to_owned(),
+        );
+        ctes.push(polls(parts.leases));
+        callers.push(POLLERS);
+        let columns = polled_message_columns("me.name");
+        rows.push(format!(
+            "SELECT true AS is_poll, me.ord, me.id AS me_id, {columns},
                 waiting.n - waiting.taken AS waiting, NULL::bigint AS recipient_id,
                 NULL::text AS refusal, NULL::bool AS hooked
          FROM me
          JOIN waiting ON waiting.agent = me.id
          LEFT JOIN (SELECT picked.ord, taken.* FROM taken JOIN picked ON picked.id = taken.id) m
              ON m.ord = me.ord
-         {SENDER_LOOKUP}
-         UNION ALL
-         SELECT false, z.ord, z.sender_id, CASE WHEN z.took THEN z.id END,
-                NULL, NULL, NULL, NULL, NULL, NULL,
-                CASE WHEN z.took THEN z.thread_id END, CASE WHEN z.took THEN now() END,
-                NULL, NULL, NULL, NULL, NULL, CASE WHEN z.took THEN z.group_id END, NULL, NULL,
-                CASE WHEN z.took THEN z.recipient_id END, z.refusal, z.hooked AND z.took
+         {SENDER_LOOKUP}"
+        ));
+    }
+    ctes.push(format!(
+        "touched AS ({})",
+        presence_write(&callers.join(" UNION ALL "))
+    ));
+    if parts.sends {
+        // Named as the polls' rows are: first when no poll is in the batch.
+        rows.push(
+            "SELECT false AS is_poll, z.ord, z.sender_id AS me_id, CASE WHEN z.took THEN z.id END AS id,
+                NULL AS sender, NULL AS sender_project, NULL AS recipient, NULL AS subject,
+                NULL AS body, NULL AS reply_to, CASE WHEN z.took THEN z.thread_id END AS thread_id,
+                CASE WHEN z.took THEN now() END AS sent_at, NULL AS read_at,
+                NULL AS delivery_count, NULL AS leased_until, NULL AS dead_at, NULL AS expires_at,
+                CASE WHEN z.took THEN z.group_id END AS group_id, NULL AS also_to, NULL AS waiting,
+                CASE WHEN z.took THEN z.recipient_id END AS recipient_id, z.refusal,
+                z.hooked AND z.took AS hooked
          FROM (SELECT rs.ord, rs.sender_id, rs.hooked, d.refusal, s.id, s.thread_id, s.group_id,
                       s.recipient_id,
                       -- stored, not an idempotent replay (`sent_at` is the
@@ -396,11 +485,22 @@ static MAIL_BATCH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
                       coalesce(s.id IN (SELECT id FROM inserted), false) AS took
                FROM resolved rs
                JOIN decided d ON d.ord = rs.ord
-               LEFT JOIN stored s ON s.ord = rs.ord) z
-         UNION ALL
-         SELECT NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+               LEFT JOIN stored s ON s.ord = rs.ord) z"
+                .to_owned(),
+        );
+    }
+    // Read by every shape, so the check always runs.
+    rows.push(
+        "SELECT NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
                 NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, w.agent_id, NULL, NULL
-         FROM woken CROSS JOIN unnest(woken.ids) AS w(agent_id)
-         ORDER BY is_poll, ord, id"
+         FROM woken CROSS JOIN unnest(woken.ids) AS w(agent_id)"
+            .to_owned(),
+    );
+    format!(
+        "WITH {}
+         {}
+         ORDER BY is_poll, ord, id",
+        ctes.join(",\n"),
+        rows.join("\n         UNION ALL\n         ")
     )
-});
+}

@@ -42,9 +42,36 @@ pub struct Lease {
 /// from arrays, so no plan can join them by scanning `messages` (a generic
 /// plan did, once one inbox held most unread mail); one-time filters keep
 /// the updates of a kind no poll asked for from running at all.
-pub(super) fn polls() -> String {
+///
+/// `leases`: whether the statement is for batches with lease polls. Without
+/// it, `lease_taken` and `buried` are left out: two updates of `messages`
+/// that read polls never run, but whose plan nodes every execution set up.
+pub(super) fn polls(leases: bool) -> String {
     let caller = caller_by_token("r.token", "r.claimed");
     let available = available_to("i.agent");
+    let taken = if leases {
+        format!(
+            "lease_taken AS (
+             UPDATE messages m
+             SET leased_until = now() + make_interval(secs => (
+                     SELECT p.lease_secs FROM picked p WHERE p.id = m.id)),
+                 delivery_count = m.delivery_count + 1
+             WHERE m.id = ANY (ARRAY(SELECT id FROM picked
+                                     WHERE lease_secs IS NOT NULL AND delivery_count < max_deliveries))
+               AND EXISTS (SELECT FROM picked WHERE lease_secs IS NOT NULL)
+             RETURNING {POLLED_FIELDS}),
+         buried AS (
+             UPDATE messages m SET dead_at = now(), dead_reason = 'deliveries', leased_until = NULL
+             WHERE m.id = ANY (ARRAY(SELECT id FROM picked
+                                     WHERE lease_secs IS NOT NULL AND delivery_count >= max_deliveries))
+               AND EXISTS (SELECT FROM picked WHERE lease_secs IS NOT NULL)
+             RETURNING m.id),
+         taken AS (
+             SELECT * FROM read_taken UNION ALL SELECT * FROM lease_taken)"
+        )
+    } else {
+        "taken AS (SELECT * FROM read_taken)".to_owned()
+    };
     format!(
         "me AS (
              SELECT r.ord, r.lim, r.lease_secs, r.max_deliveries, a.id, a.name, a.last_seen_at
@@ -76,23 +103,7 @@ pub(super) fn polls() -> String {
              WHERE m.id = ANY (ARRAY(SELECT id FROM picked WHERE lease_secs IS NULL))
                AND EXISTS (SELECT FROM picked WHERE lease_secs IS NULL)
              RETURNING {POLLED_FIELDS}),
-         lease_taken AS (
-             UPDATE messages m
-             SET leased_until = now() + make_interval(secs => (
-                     SELECT p.lease_secs FROM picked p WHERE p.id = m.id)),
-                 delivery_count = m.delivery_count + 1
-             WHERE m.id = ANY (ARRAY(SELECT id FROM picked
-                                     WHERE lease_secs IS NOT NULL AND delivery_count < max_deliveries))
-               AND EXISTS (SELECT FROM picked WHERE lease_secs IS NOT NULL)
-             RETURNING {POLLED_FIELDS}),
-         buried AS (
-             UPDATE messages m SET dead_at = now(), dead_reason = 'deliveries', leased_until = NULL
-             WHERE m.id = ANY (ARRAY(SELECT id FROM picked
-                                     WHERE lease_secs IS NOT NULL AND delivery_count >= max_deliveries))
-               AND EXISTS (SELECT FROM picked WHERE lease_secs IS NOT NULL)
-             RETURNING m.id),
-         taken AS (
-             SELECT * FROM read_taken UNION ALL SELECT * FROM lease_taken),
+         {taken},
          waiting AS MATERIALIZED (
              SELECT i.agent,
                     -- A pool short of what its polls asked for found
