@@ -434,6 +434,8 @@ const PARAM_TYPES: [Type; 24] = [
 /// in `make bench`). One row per send, and per poll one per message taken
 /// (or one without a message), in message order.
 fn mail_batch_sql(parts: Parts) -> String {
+    // The polls' or the sends' rows come first and name the columns.
+    debug_assert!(parts.sends || parts.polls, "a batch of no calls");
     let mut ctes = vec![format!("woken AS ({})", waiting_among("$14"))];
     let mut callers = Vec::new();
     let mut rows = Vec::new();
