@@ -68,9 +68,17 @@ impl StmtStat {
     /// What a statement of the server is for, by its text.
     pub fn kind(&self) -> &'static str {
         let q = self.query.as_str();
-        if q.contains("INSERT INTO messages") && q.contains("SKIP LOCKED") {
-            // The server's group-commit statement: sends and polls together.
-            "send+poll"
+        if q.starts_with("WITH woken AS") {
+            // The server's group-commit statement, in the shape of its
+            // batch: the parts for sends, for polls, or both.
+            match (
+                q.contains("INSERT INTO messages"),
+                q.contains("SKIP LOCKED"),
+            ) {
+                (true, true) => "mail: sends+polls",
+                (true, false) => "mail: sends",
+                _ => "mail: polls",
+            }
         } else if q.contains("INSERT INTO messages") {
             "send"
         } else if q.contains("SKIP LOCKED") {

@@ -3,8 +3,8 @@
 /// The distinguishing part of a statement: from what its kind does on.
 pub(crate) fn excerpt(q: &str, kind: &str) -> String {
     let key = match kind {
-        "send" | "send+poll" => "INSERT INTO messages",
-        "poll" => "UPDATE messages",
+        "send" | "mail: sends+polls" | "mail: sends" => "INSERT INTO messages",
+        "poll" | "mail: polls" => "UPDATE messages",
         _ => "",
     };
     let at = if key.is_empty() {

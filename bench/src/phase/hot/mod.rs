@@ -18,7 +18,7 @@ use super::{names_of, rate::RateRow, seeded_agents};
 use crate::cli::{Opts, pg_url};
 use crate::db;
 use crate::mode::{CONCURRENCY, Mode, REPLICAS};
-use crate::replicas::{start_replicas, stop_replicas, targets};
+use crate::replicas::{QUOTAS_OUT_OF_REACH, start_replicas_env, stop_replicas, targets};
 use crate::report::{Report, memory::MemRow};
 use crate::stats::{self, CpuUse, Summary};
 use once::HotOnce;
@@ -130,8 +130,15 @@ pub(crate) async fn run(
     let mut hdb: Option<tokio_postgres::Client> = None;
     let mut sender_base = 0;
     for &r in &REPLICAS {
-        let replicas =
-            start_replicas(opts, DB_HOT, r, opts.base_port + 40, &format!("hot-{r}r")).await?;
+        let replicas = start_replicas_env(
+            opts,
+            DB_HOT,
+            r,
+            opts.base_port + 40,
+            &format!("hot-{r}r"),
+            &QUOTAS_OUT_OF_REACH,
+        )
+        .await?;
         let tg = targets(&replicas);
         // The schema is the server's: seed once its migrations have run.
         let hdb = match &mut hdb {

@@ -20,7 +20,9 @@ use crate::db;
 use crate::load::{self, Agent};
 use crate::mcp::Target;
 use crate::mode::{CONCURRENCY, Mode, REPLICAS};
-use crate::replicas::{Replica, pids, start_replicas, stop_replicas, targets};
+use crate::replicas::{
+    QUOTAS_OUT_OF_REACH, Replica, pids, start_replicas_env, stop_replicas, targets,
+};
 use crate::report::{Report, memory::MemRow};
 use crate::stats::{self, CpuUse, Summary};
 use crate::window::sample_window;
@@ -103,8 +105,15 @@ pub(crate) async fn run(
     db::recreate_database(admin, DB_MIX).await?;
     let bench_db = db::connect(&pg_url(opts, DB_MIX)).await?;
     for &r in &REPLICAS {
-        let replicas =
-            start_replicas(opts, DB_MIX, r, opts.base_port, &format!("mix-{r}r")).await?;
+        let replicas = start_replicas_env(
+            opts,
+            DB_MIX,
+            r,
+            opts.base_port,
+            &format!("mix-{r}r"),
+            &QUOTAS_OUT_OF_REACH,
+        )
+        .await?;
         let tg = targets(&replicas);
         say!(
             t0,

@@ -159,7 +159,7 @@ pub(crate) fn section(w: &mut String, r: &Report, mode: &Mode) {
             "| by | kind | statement | per tool call | mean exec µs | planned per execution | mean plan µs | rows/call | blocks/call | share of exec time |"
         );
         let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|");
-        for x in m.statements.iter().take(6) {
+        for x in m.statements.iter().take(8) {
             let _ = writeln!(
                 w,
                 "| server | {} | `{}` | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.1} | {:.0}% |",
