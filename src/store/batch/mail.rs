@@ -427,12 +427,11 @@ const PARAM_TYPES: [Type; 24] = [
 /// polls) of the polls (arrays, one element per call), `$13` the unread
 /// count's cap, `$14` recipients of committed sends to wake: which of them
 /// wait comes back as rows with a NULL `is_poll`; the NOTIFY itself runs in
-/// a statement of its own, so that it cannot fail the mail. The arrays are
-/// wrapped in sub-selects so that no plan knows their length: with it,
-/// every custom plan looked cheaper than the generic one and the statement
-/// was planned again on every execution (~0.7 ms each, pg_stat_statements
-/// in `make bench`). One row per send, and per poll one per message taken
-/// (or one without a message), in message order.
+/// a statement of its own, so that it cannot fail the mail. It runs only
+/// its generic plan (`Client::query_generic`), which knows no parameter's
+/// value; see `sends` on why the parameters are bare. One row per send,
+/// and per poll one per message taken (or one without a message), in
+/// message order.
 fn mail_batch_sql(parts: Parts) -> String {
     // The polls' or the sends' rows come first and name the columns.
     debug_assert!(parts.sends || parts.polls, "a batch of no calls");
@@ -446,8 +445,7 @@ fn mail_batch_sql(parts: Parts) -> String {
     if parts.polls {
         ctes.push(
             "preq AS (
-             SELECT * FROM unnest((SELECT $10::bytea[]), (SELECT $11::text[]), (SELECT $12::bigint[]),
-                                  (SELECT $15::float8[]), (SELECT $16::int[]))
+             SELECT * FROM unnest($10::bytea[], $11::text[], $12::bigint[], $15::float8[], $16::int[])
                  WITH ORDINALITY AS r(token, claimed, lim, lease_secs, max_deliveries, ord))"
                 .to_owned(),
         );

@@ -176,25 +176,27 @@ pub(super) static NOTIFY_SQL: std::sync::LazyLock<String> = std::sync::LazyLock:
 pub(super) fn sends() -> String {
     let caller = caller_by_token("r.token", "r.claimed");
     let backlog = available_to("c.recipient_id");
-    // The quotas as sub-selects, not bare parameters: a custom plan knows a
-    // bare parameter's value, and with the quotas off every custom plan,
-    // its quota parts folded away, looked cheaper than the generic one, so
-    // PostgreSQL planned the statement again on every execution (~3 ms a
-    // batch; the quotas phase of `make bench` measured the replica without
-    // quotas at 0.6x the sends of the one with them). A sub-select is an
-    // InitPlan, evaluated once per execution, and no plan knows its value.
-    let per_hour = "(SELECT $18::int)";
-    let new_per_day = "(SELECT $19::int)";
-    let unread_max = "(SELECT $20::int)";
-    let per_sender = "(SELECT $21::int)";
-    let backlog_max = "(SELECT $22::int)";
+    // Bare parameters: the statement runs only its generic plan
+    // (`Client::query_generic`), which knows no parameter's value, so the
+    // quota parts stay in it and are skipped at run time (one-time
+    // filters). They were sub-selects (InitPlans) while custom plans were
+    // made: a custom plan folded away the parts of quotas that were off,
+    // looked cheaper than the generic one, and the statement was planned
+    // again on every execution (~3 ms a batch). As sub-selects they were 54
+    // plan nodes of their own, set up on every execution: a batch of 4
+    // sends and 4 polls took 8% longer with them (pgbench,
+    // bench/RESULTS.md), with the same plan otherwise.
+    let per_hour = "$18::int";
+    let new_per_day = "$19::int";
+    let unread_max = "$20::int";
+    let per_sender = "$21::int";
+    let backlog_max = "$22::int";
     let words = stored_words("r.subject", "r.body");
     format!(
         "
     sreq AS (
-        SELECT * FROM unnest((SELECT $1::bytea[]), (SELECT $2::text[]), (SELECT $4::text[]),
-                             (SELECT $5::text[]), (SELECT $6::bigint[]), (SELECT $7::bigint[]),
-                             (SELECT $23::float8[]))
+        SELECT * FROM unnest($1::bytea[], $2::text[], $4::text[], $5::text[], $6::bigint[],
+                             $7::bigint[], $23::float8[])
             WITH ORDINALITY AS r(token, claimed, subject, body, reply_to, thread_id, expires_in, sord)),
     sme AS (
         SELECT r.sord, me.id, me.project, me.last_seen_at
@@ -205,8 +207,7 @@ pub(super) fn sends() -> String {
             OFFSET 0) me),
     scopy AS (
         SELECT x.*, count(*) OVER (PARTITION BY x.sord) AS copies
-        FROM unnest((SELECT $24::bigint[]), (SELECT $3::text[]), (SELECT $9::bigint[]),
-                    (SELECT $17::bool[]), (SELECT $8::text[]))
+        FROM unnest($24::bigint[], $3::text[], $9::bigint[], $17::bool[], $8::text[])
             WITH ORDINALITY AS x(sord, to_name, to_id, answers_recipient, idempotency_key, ord)),
     resolved AS (
         SELECT x.ord, x.sord, x.answers_recipient, me.id AS sender_id, me.project AS sender_project,
