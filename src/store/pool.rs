@@ -356,8 +356,9 @@ impl Client {
     /// backlog, that average stays below the new plan's cost, and the
     /// statement is planned again on every execution (~3 ms for the mail
     /// statement, more than it runs), until enough custom plans have raised
-    /// the average. Meant for statements whose parameters are arrays read
-    /// through sub-selects, which a custom plan cannot look into.
+    /// the average. Meant for statements whose plan should not depend on
+    /// their parameters' values (arrays of a batch's calls, quotas): such a
+    /// statement may use its parameters bare, as no plan it runs knows them.
     ///
     /// `SET` and `RESET` of `plan_cache_mode` are queued with the statement,
     /// in order: no round trip of their own, and the batch does not wait
