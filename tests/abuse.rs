@@ -238,3 +238,54 @@ async fn a_full_inbox_still_hears_from_those_its_owner_knows() {
     .await;
     app.stop().await;
 }
+
+/// Quotas set to 0 are off, and their bookkeeping with them: no hourly
+/// count, no record of who wrote to whom, no refusal, and mail beyond
+/// what the smallest quotas would allow gets through. The mail statement
+/// keeps every quota part in its one plan and skips those that are off by
+/// their parameters at run time, so a broken skip would show here.
+#[tokio::test]
+async fn quotas_set_to_zero_are_off_and_keep_no_bookkeeping() {
+    let app = spawn_app_with(&[
+        ("PHONE_SEND_QUOTA_PER_HOUR", "0"),
+        ("PHONE_NEW_RECIPIENT_QUOTA_PER_DAY", "0"),
+        ("PHONE_INBOX_UNREAD_MAX", "0"),
+        ("PHONE_INBOX_UNREAD_PER_SENDER", "0"),
+    ])
+    .await;
+    let c = app.client().await;
+    let sender = register(&c, "sender", "S", "p").await;
+    let one = register(&c, "one", "O", "q").await;
+    let _two = register(&c, "two", "T", "q").await;
+    for i in 0..3 {
+        try_send(&c, &sender, "one", &format!("note {i}"))
+            .await
+            .unwrap();
+    }
+    ok(
+        &c,
+        "phone_send",
+        sender.with(json!({"to": ["one", "two"], "body": "to both"})),
+    )
+    .await;
+    assert_eq!(app.count("SELECT count(*) FROM messages").await, 5);
+    for (table, rows) in [
+        (
+            "send_counts",
+            app.count("SELECT count(*) FROM send_counts").await,
+        ),
+        (
+            "correspondents",
+            app.count("SELECT count(*) FROM correspondents").await,
+        ),
+        (
+            "refused_sends",
+            app.count("SELECT count(*) FROM refused_sends").await,
+        ),
+    ] {
+        assert_eq!(rows, 0, "{table} holds {rows} rows with every quota off");
+    }
+    let got = ok(&c, "phone_inbox", one.with(json!({"limit": 10}))).await;
+    assert_eq!(got["messages"].as_array().unwrap().len(), 4, "{got}");
+    app.stop().await;
+}

@@ -429,7 +429,8 @@ const PARAM_TYPES: [Type; 24] = [
 /// wait comes back as rows with a NULL `is_poll`; the NOTIFY itself runs in
 /// a statement of its own, so that it cannot fail the mail. It runs only
 /// its generic plan (`Client::query_generic`), which knows no parameter's
-/// value; see `sends` on why the parameters are bare. One row per send,
+/// value; see `sends` on why the parameters are bare (all but `$14`, which
+/// `waiting_among` shares with `WAKE_SQL`, run on custom plans). One row per send,
 /// and per poll one per message taken (or one without a message), in
 /// message order.
 fn mail_batch_sql(parts: Parts) -> String {

@@ -115,7 +115,11 @@ impl SendOutcome {
 /// be seen by neither side, and the poll would sleep through its mail
 /// (the wake phase of `make bench` caught 9 of 160). A statement that
 /// begins after the send's commit sees every row committed before the
-/// poll looked. Index: `inbox_waiters_agent_idx`.
+/// poll looked. Index: `inbox_waiters_agent_idx`. The array is read through
+/// a sub-select because `WAKE_SQL` runs with the default plan cache mode:
+/// no custom plan sees its length (see `sends` for what that did to the
+/// mail statement). In the mail statement, which runs only its generic
+/// plan, it is one InitPlan.
 pub(super) fn waiting_among(recipients: &str) -> String {
     format!(
         "SELECT ARRAY(
