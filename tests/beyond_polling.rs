@@ -643,3 +643,77 @@ async fn unregistering_revokes_hides_reserves_and_keeps_history() {
     assert!(err.contains("not found"), "{err}");
     app.stop().await;
 }
+
+/// How often this test's database ran a caller's verification on its own
+/// (`WITH holder AS …`, what tools that do not verify inside their own
+/// statement run first).
+async fn verifications(db: &tokio_postgres::Client) -> i64 {
+    db.query_one(
+        "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements
+         WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+           AND query LIKE 'WITH holder AS%'",
+        &[],
+    )
+    .await
+    .expect("pg_stat_statements is loaded (scripts/pg.sh starts the tests' PostgreSQL with it)")
+    .get(0)
+}
+
+/// An acknowledgement verifies its caller inside its own statement, as
+/// sends and polls do: one round trip, where a verification of its own came
+/// first (a lease worker acknowledges after every poll that took mail).
+/// The same rules hold: a token nobody holds, or a name its holder does not
+/// bear, acknowledges nothing.
+#[tokio::test]
+async fn an_acknowledgement_verifies_its_caller_in_its_own_statement() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let db = app.db().await;
+    db.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .await
+        .unwrap();
+    let a = register(&c, "alice", "A", "p").await;
+    let b = register(&c, "bob", "B", "p").await;
+    ok(
+        &c,
+        "phone_send",
+        a.with(json!({"to": "bob", "body": "lease me"})),
+    )
+    .await;
+    let leased = ok(
+        &c,
+        "phone_inbox",
+        b.with(json!({"mode": "lease", "lease_seconds": 60})),
+    )
+    .await;
+    let receipt = leased["messages"][0]["receipt"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let id = leased["messages"][0]["id"].as_str().unwrap().to_owned();
+
+    let forged = json!({"ids": [&receipt], "token": format!("phn_{}", "A".repeat(43))});
+    let err = tool_err(&c, "phone_ack", forged).await;
+    assert!(err.contains("invalid token"), "{err}");
+    let mut posing = b.with(json!({"ids": [&receipt]}));
+    posing["name"] = json!("alice");
+    let err = tool_err(&c, "phone_ack", posing).await;
+    assert!(err.contains("belongs to a different agent"), "{err}");
+
+    let before = verifications(&db).await;
+    let acked = ok(&c, "phone_ack", b.with(json!({"ids": [&receipt]}))).await;
+    assert_eq!(acked["acknowledged"], json!([id]), "{acked}");
+    assert_eq!(
+        verifications(&db).await,
+        before,
+        "phone_ack verified its caller in a statement of its own"
+    );
+    let state = app
+        .count("SELECT count(*) FROM messages WHERE acked_at IS NOT NULL")
+        .await;
+    assert_eq!(
+        state, 1,
+        "the forged and the posing acknowledgements took nothing"
+    );
+    app.stop().await;
+}

@@ -516,12 +516,19 @@ impl Phone {
 
     /// Acknowledges leased (or any received) messages: they will not come
     /// back. A receipt acknowledges only the delivery it came with: when the
-    /// message was handed to another worker since, it is refused.
-    pub async fn ack(&self, me: &Caller, refs: &[AckRef]) -> Result<Acked, PhoneError> {
-        let db = self.store.db().await?;
+    /// message was handed to another worker since, it is refused. The
+    /// caller is verified inside the statement, as for sends and polls.
+    pub async fn ack(&self, creds: &Credentials, refs: &[AckRef]) -> Result<Acked, PhoneError> {
         let wanted: Vec<(i64, Option<i32>)> =
             refs.iter().map(|r| (r.message().0, r.delivery())).collect();
-        let outcomes = store::messages::ack(&db, me.id, &wanted).await?;
+        let db = self.store.db().await?;
+        let outcomes =
+            store::messages::ack(&db, creds.token.as_bytes(), creds.claimed_name(), &wanted)
+                .await?;
+        drop(db);
+        let Some(outcomes) = outcomes else {
+            return Err(self.authentication_error(creds).await);
+        };
         let mut acked = Acked {
             acknowledged: Vec::new(),
             not_found: Vec::new(),

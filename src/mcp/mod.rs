@@ -353,8 +353,9 @@ impl PhoneServer {
             tools::ACK => {
                 let args = Args::new(tool, arguments, tools::ACK_ARGS)?;
                 let ids = messages::parse_ack_ids(&args.str_list("ids")?)?;
-                let me = auth::authenticate(phone, &args, context).await?;
-                let out = wire::Acked::from(phone.ack(&me, &ids).await?);
+                let creds = auth::credentials(&args, context)?;
+                let out = wire::Acked::from(phone.ack(&creds, &ids).await?);
+                auth::record_agent(&creds);
                 Ok((success(&out, render::acked(&out)), nothing()))
             }
             tools::OUTBOX => {

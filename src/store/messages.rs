@@ -443,27 +443,36 @@ pub async fn remove_waiter(db: &Client, waiter_id: i64) -> Result<(), StoreError
     db.execute(&stmt, &[&waiter_id]).await.map(drop)
 }
 
-/// Acknowledges messages addressed to `$1`: `$2` ids and `$3` the
-/// delivery each acknowledgement is for (a receipt's; NULL for a plain id,
-/// which acknowledges whatever delivery is current). One row per request
-/// (in order): whether it is acknowledged now (also before), and the
+/// Acknowledges messages addressed to the caller, verified inside the
+/// statement (`$1` token digest, `$2` claimed name; with its presence
+/// write), as sends and polls are: one round trip, where verifying first
+/// took a statement of its own. `$3` ids and `$4` the delivery each
+/// acknowledgement is for (a receipt's; NULL for a plain id, which
+/// acknowledges whatever delivery is current). One row per request (in
+/// order): whether it is acknowledged now (also before), and the
 /// message's delivery when it is not (`current`, NULL when no such
-/// message). Primary key.
-const ACK: &str = "WITH req AS (
-         SELECT * FROM unnest($2::bigint[], $3::int[]) WITH ORDINALITY AS r(id, delivery, ord)),
-     acked AS (
-         UPDATE messages m
-         SET acked_at = now(), read_at = coalesce(m.read_at, now()), leased_until = NULL
-         FROM req r
-         WHERE m.id = r.id AND m.recipient_id = $1 AND m.acked_at IS NULL
-           AND (r.delivery IS NULL OR m.delivery_count = r.delivery)
-         RETURNING m.id)
-     SELECT r.ord, m.id IS NOT NULL AS found,
-            (m.acked_at IS NOT NULL OR r.id IN (SELECT id FROM acked)) AS acknowledged,
-            m.delivery_count AS current
-     FROM req r
-     LEFT JOIN messages m ON m.id = r.id AND m.recipient_id = $1
-     ORDER BY r.ord";
+/// message); no row when the credentials were not accepted. Primary key.
+static ACK: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH {},
+              req AS (
+                  SELECT * FROM unnest($3::bigint[], $4::int[]) WITH ORDINALITY AS r(id, delivery, ord)),
+              acked AS (
+                  UPDATE messages m
+                  SET acked_at = now(), read_at = coalesce(m.read_at, now()), leased_until = NULL
+                  FROM req r, me
+                  WHERE m.id = r.id AND m.recipient_id = me.id AND m.acked_at IS NULL
+                    AND (r.delivery IS NULL OR m.delivery_count = r.delivery)
+                  RETURNING m.id)
+         SELECT r.ord, m.id IS NOT NULL AS found,
+                (m.acked_at IS NOT NULL OR r.id IN (SELECT id FROM acked)) AS acknowledged,
+                m.delivery_count AS current
+         FROM me CROSS JOIN req r
+         LEFT JOIN messages m ON m.id = r.id AND m.recipient_id = me.id
+         ORDER BY r.ord",
+        me_with_presence()
+    )
+});
 
 /// What became of one acknowledgement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -477,31 +486,39 @@ pub enum AckOutcome {
     NotFound,
 }
 
-/// `wanted`: (message id, the delivery a receipt names, if any).
+/// `wanted` (not empty): (message id, the delivery a receipt names, if
+/// any), for the caller `token_hash`/`claimed`; `None` when the
+/// credentials were not accepted.
 pub async fn ack(
     db: &Client,
-    recipient_id: i64,
+    token_hash: &[u8],
+    claimed: Option<&str>,
     wanted: &[(i64, Option<i32>)],
-) -> Result<Vec<AckOutcome>, StoreError> {
+) -> Result<Option<Vec<AckOutcome>>, StoreError> {
     let ids: Vec<i64> = wanted.iter().map(|w| w.0).collect();
     let deliveries: Vec<Option<i32>> = wanted.iter().map(|w| w.1).collect();
-    let stmt = db.prepare_cached(ACK).await?;
-    Ok(db
-        .query(&stmt, &[&recipient_id, &ids, &deliveries])
-        .await?
-        .iter()
-        .map(|r| {
-            if !r.get::<_, bool>("found") {
-                AckOutcome::NotFound
-            } else if r.get::<_, bool>("acknowledged") {
-                AckOutcome::Acknowledged
-            } else {
-                AckOutcome::Stale {
-                    current: r.get("current"),
+    let stmt = db.prepare_cached(&ACK).await?;
+    let rows = db
+        .query(&stmt, &[&token_hash, &claimed, &ids, &deliveries])
+        .await?;
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(
+        rows.iter()
+            .map(|r| {
+                if !r.get::<_, bool>("found") {
+                    AckOutcome::NotFound
+                } else if r.get::<_, bool>("acknowledged") {
+                    AckOutcome::Acknowledged
+                } else {
+                    AckOutcome::Stale {
+                        current: r.get("current"),
+                    }
                 }
-            }
-        })
-        .collect())
+            })
+            .collect(),
+    ))
 }
 
 /// What `$1` sent, newest first, before message id `$2` (NULL: from the
