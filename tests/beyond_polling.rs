@@ -700,6 +700,12 @@ async fn an_acknowledgement_verifies_its_caller_in_its_own_statement() {
     let err = tool_err(&c, "phone_ack", posing).await;
     assert!(err.contains("belongs to a different agent"), "{err}");
 
+    let acked_now = "SELECT count(*) FROM messages WHERE acked_at IS NOT NULL";
+    assert_eq!(
+        app.count(acked_now).await,
+        0,
+        "a refused acknowledgement took the message"
+    );
     let before = verifications(&db).await;
     let acked = ok(&c, "phone_ack", b.with(json!({"ids": [&receipt]}))).await;
     assert_eq!(acked["acknowledged"], json!([id]), "{acked}");
@@ -708,12 +714,6 @@ async fn an_acknowledgement_verifies_its_caller_in_its_own_statement() {
         before,
         "phone_ack verified its caller in a statement of its own"
     );
-    let state = app
-        .count("SELECT count(*) FROM messages WHERE acked_at IS NOT NULL")
-        .await;
-    assert_eq!(
-        state, 1,
-        "the forged and the posing acknowledgements took nothing"
-    );
+    assert_eq!(app.count(acked_now).await, 1);
     app.stop().await;
 }

@@ -519,6 +519,8 @@ impl Phone {
     /// message was handed to another worker since, it is refused. The
     /// caller is verified inside the statement, as for sends and polls.
     pub async fn ack(&self, creds: &Credentials, refs: &[AckRef]) -> Result<Acked, PhoneError> {
+        // No row back means "not accepted" only for a request of some ids.
+        debug_assert!(!refs.is_empty(), "an acknowledgement of nothing");
         let wanted: Vec<(i64, Option<i32>)> =
             refs.iter().map(|r| (r.message().0, r.delivery())).collect();
         let db = self.store.db().await?;
