@@ -333,15 +333,6 @@ async fn send_until_stored(
     }
 }
 
-fn bodies(inbox: &Value) -> Vec<String> {
-    inbox["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["body"].as_str().unwrap().to_owned())
-        .collect()
-}
-
 // ---------------------------------------------------------------------------
 
 /// The scene, on a primary and its standby: `DATABASE_URL` names

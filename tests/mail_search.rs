@@ -7,15 +7,6 @@ mod common;
 use common::*;
 use serde_json::{Value, json};
 
-fn bodies(found: &Value) -> Vec<String> {
-    found["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["body"].as_str().unwrap().to_owned())
-        .collect()
-}
-
 /// Moves the message ids on to the start of the next id window (4,096
 /// ids), which the search asks one after another, newest first.
 const NEXT_WINDOW: &str = "SELECT setval('messages_id_seq', ((SELECT last_value FROM messages_id_seq) >> 12 << 12) + 4095)";

@@ -1208,21 +1208,14 @@ async fn a_call_stuck_on_a_lock_does_not_hold_up_the_others() {
 }
 
 /// How often the mail statement was planned and run in this test's
-/// database (pg_stat_statements, which `make test`'s PostgreSQL loads).
+/// database.
 async fn mail_statement_plans(db: &tokio_postgres::Client) -> (i64, i64) {
-    let row = db
-        .query_one(
-            "SELECT coalesce(sum(plans), 0)::bigint, coalesce(sum(calls), 0)::bigint
-             FROM pg_stat_statements
-             WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-               AND query LIKE 'WITH woken AS%'",
-            &[],
-        )
+    statements_like(db, "WITH woken AS%")
         .await
-        .expect(
-            "pg_stat_statements is loaded (scripts/pg.sh starts the tests' PostgreSQL with it)",
-        );
-    (row.get(0), row.get(1))
+        .iter()
+        .fold((0, 0), |(plans, calls), x| {
+            (plans + x.plans, calls + x.calls)
+        })
 }
 
 /// The mail statement (every shape runs through `query_generic`; this test
@@ -1239,9 +1232,6 @@ async fn the_mail_statement_keeps_its_generic_plan_as_the_table_grows() {
     let app = spawn_app_with(&[("PHONE_POOL_SIZE", "2")]).await;
     let c = app.client().await;
     let db = app.db().await;
-    db.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        .await
-        .unwrap();
     // Plans are counted only with track_planning (scripts/pg.sh sets it).
     let tracked: String = db
         .query_one(
@@ -1301,23 +1291,18 @@ async fn the_mail_statement_keeps_its_generic_plan_as_the_table_grows() {
 }
 
 /// The shapes of the mail statement that ran in this test's database
-/// (pg_stat_statements counts only executions that succeeded), sorted:
-/// (stores sends, takes read polls' mail, leases).
+/// (executions that failed are not counted), sorted: (stores sends, takes
+/// read polls' mail, leases).
 async fn mail_statement_shapes(db: &tokio_postgres::Client) -> Vec<(bool, bool, bool)> {
-    let ran = texts(
-        db,
-        "SELECT query FROM pg_stat_statements
-         WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-           AND query LIKE 'WITH woken AS%' AND calls > 0",
-    )
-    .await;
-    let mut shapes: Vec<_> = ran
+    let mut shapes: Vec<_> = statements_like(db, "WITH woken AS%")
+        .await
         .iter()
-        .map(|q| {
+        .filter(|x| x.calls > 0)
+        .map(|x| {
             (
-                q.contains("INSERT INTO messages"),
-                q.contains("read_taken AS"),
-                q.contains("lease_taken AS"),
+                x.query.contains("INSERT INTO messages"),
+                x.query.contains("read_taken AS"),
+                x.query.contains("lease_taken AS"),
             )
         })
         .collect();
@@ -1336,9 +1321,6 @@ async fn a_batch_runs_only_the_parts_of_the_mail_statement_its_calls_use() {
     let app = spawn_app().await;
     let c = app.client().await;
     let db = app.db().await;
-    db.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        .await
-        .unwrap();
     let alice = register(&c, "alice", "A", "p").await;
     let bob = register(&c, "bob", "B", "p").await;
     for i in 0..2 {
@@ -1382,9 +1364,6 @@ async fn sends_and_polls_queued_together_share_one_statement_of_their_shape() {
     let c = app.client().await;
     let c2 = app.client().await;
     let db = app.db().await;
-    db.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        .await
-        .unwrap();
     let alice = register(&c, "alice", "A", "p").await;
     let bob = register(&c, "bob", "B", "p").await;
     let carol = register(&c, "carol", "C", "p").await;
@@ -1443,14 +1422,9 @@ async fn sends_and_polls_queued_together_share_one_statement_of_their_shape() {
     lock.batch_execute("COMMIT").await.unwrap();
     stuck.await.unwrap();
     let got = ok(&c, "phone_inbox", dave.with(json!({"limit": 20}))).await;
-    let mut bodies: Vec<String> = got["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["body"].as_str().unwrap().to_owned())
-        .collect();
-    bodies.sort();
+    let mut to_dave = bodies(&got);
+    to_dave.sort();
     sent_to_dave.sort();
-    assert_eq!(bodies, sent_to_dave, "{got}");
+    assert_eq!(to_dave, sent_to_dave, "{got}");
     app.stop().await;
 }

@@ -278,6 +278,48 @@ impl Agent {
     }
 }
 
+/// The bodies of the messages a tool answered with (`messages`).
+pub fn bodies(answer: &Value) -> Vec<String> {
+    answer["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["body"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// One statement that ran in this test's database, per pg_stat_statements
+/// (which `scripts/pg.sh` loads for the tests' PostgreSQL; the tests share
+/// it, so only this database's statements count). Executions that failed
+/// are not counted.
+pub struct Ran {
+    pub query: String,
+    pub calls: i64,
+    pub plans: i64,
+}
+
+/// The statements of this test's database whose text is `LIKE` `pattern`.
+pub async fn statements_like(db: &tokio_postgres::Client, pattern: &str) -> Vec<Ran> {
+    db.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .await
+        .unwrap();
+    db.query(
+        "SELECT query, calls, plans FROM pg_stat_statements
+         WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+           AND query LIKE $1",
+        &[&pattern],
+    )
+    .await
+    .expect("pg_stat_statements is loaded (scripts/pg.sh starts the tests' PostgreSQL with it)")
+    .iter()
+    .map(|r| Ran {
+        query: r.get(0),
+        calls: r.get(1),
+        plans: r.get(2),
+    })
+    .collect()
+}
+
 /// The first column of every row `sql` returns, as text.
 pub async fn texts(db: &tokio_postgres::Client, sql: &str) -> Vec<String> {
     db.query(sql, &[])

@@ -94,7 +94,7 @@ impl Write for MailWrite {
         }
         let client = self.pool.get().await?;
         let stmt = client
-            .prepare_typed_cached(Parts::of(calls).sql(), &PARAM_TYPES)
+            .prepare_typed_cached(Parts::of(&sends, &polls).sql(), &PARAM_TYPES)
             .await?;
         let tokens: Vec<&[u8]> = sends.iter().map(|s| s.token.as_slice()).collect();
         let claimed: Vec<Option<&str>> = sends.iter().map(|s| s.claimed.as_deref()).collect();
@@ -364,22 +364,13 @@ pub(crate) struct Parts {
 }
 
 impl Parts {
-    fn of(calls: &[MailCall]) -> Self {
-        let mut parts = Self {
-            sends: false,
-            polls: false,
-            leases: false,
-        };
-        for call in calls {
-            match call {
-                MailCall::Send(_) => parts.sends = true,
-                MailCall::Poll(poll) => {
-                    parts.polls = true;
-                    parts.leases |= poll.lease.is_some();
-                }
-            }
+    /// The shape of a batch of these sends and polls.
+    fn of(sends: &[&QueuedSend], polls: &[&QueuedPoll]) -> Self {
+        Self {
+            sends: !sends.is_empty(),
+            polls: !polls.is_empty(),
+            leases: polls.iter().any(|poll| poll.lease.is_some()),
         }
-        parts
     }
 
     /// The statement for this shape, built on first use.
