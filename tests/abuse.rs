@@ -24,7 +24,7 @@ async fn a_neighbours_failures_never_lock_the_owner_out() {
     let two = spawn_app_on(&one.database_url, &[]).await;
     let (c1, c2) = (one.client().await, two.client().await);
     let owner = register(&c1, "owner", "the owner", "p").await;
-    register(&c1, "friend", "a friend", "p").await;
+    let friend = register(&c1, "friend", "a friend", "p").await;
 
     let guesses = (0..100).map(|i| {
         let client = if i % 2 == 0 { &c1 } else { &c2 };
@@ -51,6 +51,26 @@ async fn a_neighbours_failures_never_lock_the_owner_out() {
         )
         .await;
         ok(client, "phone_outbox", owner.with(json!({}))).await;
+        // A lease and its acknowledgement, which verifies in its own statement.
+        ok(
+            client,
+            "phone_send",
+            friend.with(json!({"to": "owner", "body": "work item"})),
+        )
+        .await;
+        let leased = ok(
+            client,
+            "phone_inbox",
+            owner.with(json!({"mode": "lease", "lease_seconds": 60})),
+        )
+        .await;
+        let receipt = leased["messages"][0]["receipt"].as_str().unwrap();
+        let acked = ok(client, "phone_ack", owner.with(json!({"ids": [receipt]}))).await;
+        assert_eq!(
+            acked["acknowledged"],
+            json!([leased["messages"][0]["id"]]),
+            "{acked}"
+        );
         ok(
             client,
             "phone_register",

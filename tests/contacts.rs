@@ -356,9 +356,26 @@ async fn suspension_by_the_operator_holds_on_every_replica() {
                 + &String::from_utf8_lossy(&out.stderr),
         )
     };
+    // Mail the abuser leased before the suspension cannot be acknowledged
+    // after it: phone_ack verifies its caller in its own statement.
+    ok(
+        &c1,
+        "phone_send",
+        victim.with(json!({"to": "abuser", "body": "who are you?"})),
+    )
+    .await;
+    let leased = ok(
+        &c1,
+        "phone_inbox",
+        abuser.with(json!({"mode": "lease", "lease_seconds": 60})),
+    )
+    .await;
+    let receipt = leased["messages"][0]["receipt"].as_str().unwrap().to_owned();
     let (done, said) = admin(&["suspend", "abuser"]);
     assert!(done && said.contains("'abuser' is suspended"), "{said}");
     for c in [&c1, &c2] {
+        let err = tool_err(c, "phone_ack", abuser.with(json!({"ids": [&receipt]}))).await;
+        assert!(err.starts_with("invalid token"), "{err}");
         let err = tool_err(
             c,
             "phone_send",
@@ -385,6 +402,12 @@ async fn suspension_by_the_operator_holds_on_every_replica() {
             .await,
         0,
         "a suspended agent rewrote its entry"
+    );
+    assert_eq!(
+        one.count("SELECT count(*) FROM messages WHERE acked_at IS NOT NULL")
+            .await,
+        0,
+        "a suspended agent acknowledged mail"
     );
     // Its history stays.
     let got = ok(&c2, "phone_inbox", victim.with(json!({}))).await;
