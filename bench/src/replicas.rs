@@ -30,15 +30,18 @@ pub(crate) async fn start_replicas(
     start_replicas_env(opts, database, n, first_port, role, &[]).await
 }
 
-/// For the load phases (mix, rate, popular inbox): the quotas an agent
-/// meets first raised out of reach, not off. Their agents send thousands of
-/// messages an hour each, past the defaults (1,000 an hour; 500 unread of one
-/// sender in one inbox), which refused most sends of a full run's popular
-/// inbox (`tool_error` by the thousand) and measured refusals. Every quota
-/// check still runs, as for agents within the defaults; the `quotas` phase
-/// measures quotas on against off.
-pub(crate) const QUOTAS_OUT_OF_REACH: [(&str, &str); 2] = [
+/// For the load phases (mix, rate, popular inbox, webhooks, contact
+/// policies, long polls, growth): the quotas an agent meets first raised
+/// out of reach, not off. Their agents send thousands of messages an hour
+/// each, to hundreds of recipients, past the defaults (1,000 an hour; 100
+/// new recipients a day; 500 unread of one sender in one inbox), which
+/// refused most sends of a full run's popular inbox and thousands of the
+/// webhooks and policy phases' sends (`tool_error`), and measured
+/// refusals. Every quota check still runs, as for agents within the
+/// defaults; the `quotas` phase measures quotas on against off.
+pub(crate) const QUOTAS_OUT_OF_REACH: [(&str, &str); 3] = [
     ("PHONE_SEND_QUOTA_PER_HOUR", "1000000"),
+    ("PHONE_NEW_RECIPIENT_QUOTA_PER_DAY", "1000000"),
     ("PHONE_INBOX_UNREAD_PER_SENDER", "1000000"),
 ];
 

@@ -14,7 +14,7 @@ use crate::cli::{Opts, pg_url};
 use crate::db;
 use crate::load::{self, Agent};
 use crate::mode::Mode;
-use crate::replicas::{pids, start_replicas, stop_replicas, targets};
+use crate::replicas::{QUOTAS_OUT_OF_REACH, pids, start_replicas_env, stop_replicas, targets};
 use crate::report::{Report, memory::MemRow, verdict};
 use crate::stats::{self, Summary};
 use crate::window::sample_window;
@@ -48,7 +48,7 @@ pub(crate) async fn run(
     hz: f64,
 ) -> Result<(), String> {
     db::recreate_database(admin, DB_GROWTH).await?;
-    let replicas = start_replicas(opts, DB_GROWTH, 1, opts.base_port + 20, "growth").await?;
+    let replicas = start_replicas_env(opts, DB_GROWTH, 1, opts.base_port + 20, "growth", &QUOTAS_OUT_OF_REACH).await?;
     let tg = targets(&replicas);
     let gdb = db::connect(&pg_url(opts, DB_GROWTH)).await?;
     let base = db::seed_mailbox_agents(&gdb, GROWTH_AGENTS).await?;

@@ -18,7 +18,7 @@ use super::{names_of, seeded_agents};
 use crate::cli::{Opts, pg_url};
 use crate::db;
 use crate::mode::Mode;
-use crate::replicas::{start_replicas, stop_replicas, targets};
+use crate::replicas::{QUOTAS_OUT_OF_REACH, start_replicas_env, stop_replicas, targets};
 use crate::report::{Report, memory::MemRow, verdict};
 use crate::stats;
 
@@ -69,7 +69,7 @@ pub(crate) async fn run(
 ) -> Result<(), String> {
     let phase_end = Instant::now() + mode.policy_allowance + Duration::from_secs(20);
     db::recreate_database(admin, DB_POLICY).await?;
-    let replicas = start_replicas(opts, DB_POLICY, 1, opts.base_port + 60, "policy").await?;
+    let replicas = start_replicas_env(opts, DB_POLICY, 1, opts.base_port + 60, "policy", &QUOTAS_OUT_OF_REACH).await?;
     let pdb = db::connect(&pg_url(opts, DB_POLICY)).await?;
     let n = mode.ab_agents;
     // s: senders; o: open recipients; c: contacts, every sender allowed;

@@ -25,7 +25,7 @@ use crate::cli::{Opts, pg_url};
 use crate::db;
 use crate::load::long_poll;
 use crate::mode::Mode;
-use crate::replicas::{start_replicas, stop_replicas, targets};
+use crate::replicas::{QUOTAS_OUT_OF_REACH, start_replicas_env, stop_replicas, targets};
 use crate::report::Report;
 use crate::stats;
 use channel::wake_channel;
@@ -117,7 +117,7 @@ async fn wake_phase(
 ) -> Result<(), String> {
     db::recreate_database(admin, DB_WAKE).await?;
     let replicas =
-        start_replicas(opts, DB_WAKE, WAKE_REPLICAS, opts.base_port + 30, "wake").await?;
+        start_replicas_env(opts, DB_WAKE, WAKE_REPLICAS, opts.base_port + 30, "wake", &QUOTAS_OUT_OF_REACH).await?;
     let url = pg_url(opts, DB_WAKE);
     let wdb = db::connect(&url).await?;
     // s: senders; p: the pairs' waiters; q: recipients nobody waits for;

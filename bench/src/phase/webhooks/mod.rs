@@ -16,7 +16,7 @@ use crate::cli::{Opts, pg_url};
 use crate::db;
 use crate::load::{Agent, hooks};
 use crate::mode::Mode;
-use crate::replicas::{start_replicas_env, stop_replicas, targets};
+use crate::replicas::{QUOTAS_OUT_OF_REACH, start_replicas_env, stop_replicas, targets};
 use crate::report::{Report, memory::MemRow};
 use crate::stats;
 use latency::{HookLatency, hook_latency};
@@ -69,7 +69,12 @@ pub(crate) async fn run(
         1,
         opts.base_port + 50,
         "webhooks",
-        &[("PHONE_WEBHOOK_ALLOW_PRIVATE", "true")],
+        &[
+            ("PHONE_WEBHOOK_ALLOW_PRIVATE", "true"),
+            QUOTAS_OUT_OF_REACH[0],
+            QUOTAS_OUT_OF_REACH[1],
+            QUOTAS_OUT_OF_REACH[2],
+        ],
     )
     .await?;
     let hdb = db::connect(&pg_url(opts, DB_HOOKS)).await?;
