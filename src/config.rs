@@ -61,6 +61,11 @@ pub struct Config {
     /// system's), and how long one query may take.
     pub dns_servers: Vec<std::net::SocketAddr>,
     pub dns_timeout: Duration,
+    /// The async runtime's worker threads (`PHONE_WORKER_THREADS`; `None`:
+    /// tokio's default): read before the runtime starts
+    /// (`worker_threads_from_env`), kept here so that `serve` refuses an
+    /// invalid value like any other setting.
+    pub worker_threads: Option<usize>,
     /// What the operator should hear at startup (a likely mistake that is
     /// not an error).
     pub warnings: Vec<String>,
@@ -291,9 +296,35 @@ impl Config {
                 10,
                 30_000,
             )? as u64),
+            worker_threads: worker_threads(&get)?,
             warnings,
         })
     }
+}
+
+/// The async runtime's worker threads, `PHONE_WORKER_THREADS` (1-1024);
+/// `None` when unset: tokio's default then, one per core (or its own
+/// `TOKIO_WORKER_THREADS`). Where the server shares its cores with
+/// PostgreSQL, fewer workers serve more: spare ones cost CPU waking,
+/// parking and stealing work, taken from the database. On two shared cores
+/// one worker served 11-26% more calls than two, with a quarter less CPU
+/// per call (bench/RESULTS.md, seventh session). But one worker also means
+/// one long response stalls every other request of the replica, so the
+/// default stays every core.
+pub fn worker_threads(
+    get: &impl Fn(&str) -> Option<String>,
+) -> Result<Option<usize>, ConfigError> {
+    if get("PHONE_WORKER_THREADS").is_none_or(|v| v.trim().is_empty()) {
+        return Ok(None);
+    }
+    let n = parse(get, "PHONE_WORKER_THREADS", 0)?;
+    bounded(n, "PHONE_WORKER_THREADS", 1, 1024).map(Some)
+}
+
+/// [`worker_threads`] from the process environment, for `main` (which
+/// builds the runtime before any subcommand runs).
+pub fn worker_threads_from_env() -> Result<Option<usize>, ConfigError> {
+    worker_threads(&|key: &str| std::env::var(key).ok())
 }
 
 /// `PHONE_CONSOLE_ADMIN_TOKEN` (the operator overview; off when unset) and
@@ -457,6 +488,20 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         Config::from_lookup(|key| pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone()))
+    }
+
+    #[test]
+    fn worker_threads_are_tokios_default_unless_set() {
+        let url = ("DATABASE_URL", "postgres://x@h/db");
+        assert_eq!(config(&[url]).unwrap().worker_threads, None);
+        let unset = config(&[url, ("PHONE_WORKER_THREADS", " ")]).unwrap();
+        assert_eq!(unset.worker_threads, None);
+        let set = config(&[url, ("PHONE_WORKER_THREADS", "3")]).unwrap();
+        assert_eq!(set.worker_threads, Some(3));
+        for bad in ["0", "1025", "two"] {
+            let err = config(&[url, ("PHONE_WORKER_THREADS", bad)]).unwrap_err();
+            assert!(err.to_string().starts_with("PHONE_WORKER_THREADS="), "{err}");
+        }
     }
 
     #[test]

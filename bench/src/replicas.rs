@@ -95,6 +95,12 @@ pub(crate) async fn start_replicas_bin(
             .env("PORT", port.to_string())
             .env("PHONE_BIND", "127.0.0.1")
             .env("PHONE_POOL_SIZE", opts.pool_size.to_string())
+            // The replicas share the cores with PostgreSQL and the generator:
+            // one worker each, as CONFIGURATION.md advises there (measured:
+            // bench/RESULTS.md, seventh session). TOKIO_WORKER_THREADS for
+            // builds from before PHONE_WORKER_THREADS (`before`).
+            .env("PHONE_WORKER_THREADS", "1")
+            .env("TOKIO_WORKER_THREADS", "1")
             .env("RUST_LOG", "warn")
             // Every bench agent registers from 127.0.0.1: lift the per-address limit.
             .env("PHONE_REGISTER_LIMIT", "0")

@@ -32,7 +32,11 @@ pub async fn serve() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    tracing::info!(address = %app.local_addr(), "phone listening; MCP endpoint at /mcp");
+    tracing::info!(
+        address = %app.local_addr(),
+        worker_threads = tokio::runtime::Handle::current().metrics().num_workers(),
+        "phone listening; MCP endpoint at /mcp"
+    );
     let outcome = match app.run_until(startup::shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

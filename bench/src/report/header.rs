@@ -41,7 +41,7 @@ pub(super) fn write(
     let _ = writeln!(w, "- PostgreSQL {pg_version}, local, durable: {settings}");
     let _ = writeln!(
         w,
-        "- Server: release build, revision {}, PHONE_POOL_SIZE={} per replica, RUST_LOG=warn, PHONE_REGISTER_LIMIT=0 (all bench agents register from 127.0.0.1); in the load phases (all but teams, which turns them off, and quotas, which compares on with off) PHONE_SEND_QUOTA_PER_HOUR, PHONE_NEW_RECIPIENT_QUOTA_PER_DAY and PHONE_INBOX_UNREAD_PER_SENDER=1000000 (out of reach: every quota check runs, none refuses); replicas on 127.0.0.1:{}+",
+        "- Server: release build, revision {}, PHONE_POOL_SIZE={} per replica, PHONE_WORKER_THREADS=1 (and TOKIO_WORKER_THREADS=1 for older builds: the replicas share the cores with PostgreSQL), RUST_LOG=warn, PHONE_REGISTER_LIMIT=0 (all bench agents register from 127.0.0.1); in the load phases (all but teams, which turns them off, and quotas, which compares on with off) PHONE_SEND_QUOTA_PER_HOUR, PHONE_NEW_RECIPIENT_QUOTA_PER_DAY and PHONE_INBOX_UNREAD_PER_SENDER=1000000 (out of reach: every quota check runs, none refuses); replicas on 127.0.0.1:{}+",
         r.revision, opts.pool_size, opts.base_port
     );
     let _ = writeln!(
