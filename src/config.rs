@@ -311,9 +311,7 @@ impl Config {
 /// per call (bench/RESULTS.md, seventh session). But one worker also means
 /// one long response stalls every other request of the replica, so the
 /// default stays every core.
-pub fn worker_threads(
-    get: &impl Fn(&str) -> Option<String>,
-) -> Result<Option<usize>, ConfigError> {
+pub fn worker_threads(get: &impl Fn(&str) -> Option<String>) -> Result<Option<usize>, ConfigError> {
     if get("PHONE_WORKER_THREADS").is_none_or(|v| v.trim().is_empty()) {
         return Ok(None);
     }
@@ -500,7 +498,10 @@ mod tests {
         assert_eq!(set.worker_threads, Some(3));
         for bad in ["0", "1025", "two"] {
             let err = config(&[url, ("PHONE_WORKER_THREADS", bad)]).unwrap_err();
-            assert!(err.to_string().starts_with("PHONE_WORKER_THREADS="), "{err}");
+            assert!(
+                err.to_string().starts_with("PHONE_WORKER_THREADS="),
+                "{err}"
+            );
         }
     }
 

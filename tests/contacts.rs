@@ -370,7 +370,10 @@ async fn suspension_by_the_operator_holds_on_every_replica() {
         abuser.with(json!({"mode": "lease", "lease_seconds": 60})),
     )
     .await;
-    let receipt = leased["messages"][0]["receipt"].as_str().unwrap().to_owned();
+    let receipt = leased["messages"][0]["receipt"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let (done, said) = admin(&["suspend", "abuser"]);
     assert!(done && said.contains("'abuser' is suspended"), "{said}");
     for c in [&c1, &c2] {

@@ -48,7 +48,15 @@ pub(crate) async fn run(
     hz: f64,
 ) -> Result<(), String> {
     db::recreate_database(admin, DB_GROWTH).await?;
-    let replicas = start_replicas_env(opts, DB_GROWTH, 1, opts.base_port + 20, "growth", &QUOTAS_OUT_OF_REACH).await?;
+    let replicas = start_replicas_env(
+        opts,
+        DB_GROWTH,
+        1,
+        opts.base_port + 20,
+        "growth",
+        &QUOTAS_OUT_OF_REACH,
+    )
+    .await?;
     let tg = targets(&replicas);
     let gdb = db::connect(&pg_url(opts, DB_GROWTH)).await?;
     let base = db::seed_mailbox_agents(&gdb, GROWTH_AGENTS).await?;

@@ -69,7 +69,15 @@ pub(crate) async fn run(
 ) -> Result<(), String> {
     let phase_end = Instant::now() + mode.policy_allowance + Duration::from_secs(20);
     db::recreate_database(admin, DB_POLICY).await?;
-    let replicas = start_replicas_env(opts, DB_POLICY, 1, opts.base_port + 60, "policy", &QUOTAS_OUT_OF_REACH).await?;
+    let replicas = start_replicas_env(
+        opts,
+        DB_POLICY,
+        1,
+        opts.base_port + 60,
+        "policy",
+        &QUOTAS_OUT_OF_REACH,
+    )
+    .await?;
     let pdb = db::connect(&pg_url(opts, DB_POLICY)).await?;
     let n = mode.ab_agents;
     // s: senders; o: open recipients; c: contacts, every sender allowed;

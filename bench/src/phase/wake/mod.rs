@@ -116,8 +116,15 @@ async fn wake_phase(
     hz: f64,
 ) -> Result<(), String> {
     db::recreate_database(admin, DB_WAKE).await?;
-    let replicas =
-        start_replicas_env(opts, DB_WAKE, WAKE_REPLICAS, opts.base_port + 30, "wake", &QUOTAS_OUT_OF_REACH).await?;
+    let replicas = start_replicas_env(
+        opts,
+        DB_WAKE,
+        WAKE_REPLICAS,
+        opts.base_port + 30,
+        "wake",
+        &QUOTAS_OUT_OF_REACH,
+    )
+    .await?;
     let url = pg_url(opts, DB_WAKE);
     let wdb = db::connect(&url).await?;
     // s: senders; p: the pairs' waiters; q: recipients nobody waits for;
