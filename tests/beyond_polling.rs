@@ -710,3 +710,57 @@ async fn an_acknowledgement_verifies_its_caller_in_its_own_statement() {
     assert_eq!(app.count(acked_now).await, 1);
     app.stop().await;
 }
+
+/// An acknowledgement that waits for another of the same message (a retry
+/// sent to another replica, say) hears "acknowledged", not "stale receipt":
+/// the message is acknowledged, and its receipt was the current delivery.
+/// (It read the message as it was before the other committed.)
+#[tokio::test]
+async fn an_acknowledgement_racing_another_of_the_same_message_hears_acknowledged() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let bob = register(&c, "bob", "B", "p").await;
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "bob", "body": "job"})),
+    )
+    .await;
+    let leased = ok(
+        &c,
+        "phone_inbox",
+        bob.with(json!({"mode": "lease", "lease_seconds": 60})),
+    )
+    .await;
+    let receipt = leased["messages"][0]["receipt"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // The other acknowledgement, holding the message's row until it commits.
+    let other = app.db().await;
+    other.batch_execute("BEGIN").await.unwrap();
+    other
+        .execute(
+            "UPDATE messages SET acked_at = now(), read_at = coalesce(read_at, now()),
+                                 leased_until = NULL
+             WHERE body = 'job'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let racing = {
+        let c = app.client().await;
+        let args = bob.with(json!({"ids": [receipt]}));
+        tokio::spawn(async move { ok(&c, "phone_ack", args).await })
+    };
+    sends_waiting_on_locks(&app, 1).await;
+    other.batch_execute("COMMIT").await.unwrap();
+    let acked = racing.await.expect("the racing acknowledgement succeeds");
+    assert_eq!(
+        acked["acknowledged"],
+        json!([leased["messages"][0]["id"]]),
+        "{acked}"
+    );
+    app.stop().await;
+}

@@ -457,11 +457,17 @@ static ACK: LazyLock<String> = LazyLock::new(|| {
         "WITH {},
               req AS (
                   SELECT * FROM unnest($3::bigint[], $4::int[]) WITH ORDINALITY AS r(id, delivery, ord)),
+              -- Acknowledged rows too (unchanged): an acknowledgement that
+              -- waited for a concurrent one of the same message finds it
+              -- acknowledged only here, on the row's latest version; the
+              -- select below reads the message as it was before that one
+              -- committed, and took its receipt for a stale one.
               acked AS (
                   UPDATE messages m
-                  SET acked_at = now(), read_at = coalesce(m.read_at, now()), leased_until = NULL
+                  SET acked_at = coalesce(m.acked_at, now()), read_at = coalesce(m.read_at, now()),
+                      leased_until = NULL
                   FROM req r, me
-                  WHERE m.id = r.id AND m.recipient_id = me.id AND m.acked_at IS NULL
+                  WHERE m.id = r.id AND m.recipient_id = me.id
                     AND (r.delivery IS NULL OR m.delivery_count = r.delivery)
                   RETURNING m.id)
          SELECT r.ord, m.id IS NOT NULL AS found,
