@@ -52,25 +52,9 @@ async fn a_neighbours_failures_never_lock_the_owner_out() {
         .await;
         ok(client, "phone_outbox", owner.with(json!({}))).await;
         // A lease and its acknowledgement, which verifies in its own statement.
-        ok(
-            client,
-            "phone_send",
-            friend.with(json!({"to": "owner", "body": "work item"})),
-        )
-        .await;
-        let leased = ok(
-            client,
-            "phone_inbox",
-            owner.with(json!({"mode": "lease", "lease_seconds": 60})),
-        )
-        .await;
-        let receipt = leased["messages"][0]["receipt"].as_str().unwrap();
+        let (id, receipt) = sent_and_leased(client, &friend, &owner, "work item").await;
         let acked = ok(client, "phone_ack", owner.with(json!({"ids": [receipt]}))).await;
-        assert_eq!(
-            acked["acknowledged"],
-            json!([leased["messages"][0]["id"]]),
-            "{acked}"
-        );
+        assert_eq!(acked["acknowledged"], json!([id]), "{acked}");
         ok(
             client,
             "phone_register",

@@ -667,23 +667,7 @@ async fn an_acknowledgement_verifies_its_caller_in_its_own_statement() {
     let db = app.db().await;
     let a = register(&c, "alice", "A", "p").await;
     let b = register(&c, "bob", "B", "p").await;
-    ok(
-        &c,
-        "phone_send",
-        a.with(json!({"to": "bob", "body": "lease me"})),
-    )
-    .await;
-    let leased = ok(
-        &c,
-        "phone_inbox",
-        b.with(json!({"mode": "lease", "lease_seconds": 60})),
-    )
-    .await;
-    let receipt = leased["messages"][0]["receipt"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let id = leased["messages"][0]["id"].as_str().unwrap().to_owned();
+    let (id, receipt) = sent_and_leased(&c, &a, &b, "lease me").await;
 
     let forged = json!({"ids": [&receipt], "token": format!("phn_{}", "A".repeat(43))});
     let err = tool_err(&c, "phone_ack", forged).await;
@@ -721,22 +705,7 @@ async fn an_acknowledgement_racing_another_of_the_same_message_hears_acknowledge
     let c = app.client().await;
     let alice = register(&c, "alice", "A", "p").await;
     let bob = register(&c, "bob", "B", "p").await;
-    ok(
-        &c,
-        "phone_send",
-        alice.with(json!({"to": "bob", "body": "job"})),
-    )
-    .await;
-    let leased = ok(
-        &c,
-        "phone_inbox",
-        bob.with(json!({"mode": "lease", "lease_seconds": 60})),
-    )
-    .await;
-    let receipt = leased["messages"][0]["receipt"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (id, receipt) = sent_and_leased(&c, &alice, &bob, "job").await;
     // The other acknowledgement, holding the message's row until it commits.
     let other = app.db().await;
     other.batch_execute("BEGIN").await.unwrap();
@@ -757,10 +726,6 @@ async fn an_acknowledgement_racing_another_of_the_same_message_hears_acknowledge
     sends_waiting_on_locks(&app, 1).await;
     other.batch_execute("COMMIT").await.unwrap();
     let acked = racing.await.expect("the racing acknowledgement succeeds");
-    assert_eq!(
-        acked["acknowledged"],
-        json!([leased["messages"][0]["id"]]),
-        "{acked}"
-    );
+    assert_eq!(acked["acknowledged"], json!([id]), "{acked}");
     app.stop().await;
 }

@@ -358,22 +358,7 @@ async fn suspension_by_the_operator_holds_on_every_replica() {
     };
     // Mail the abuser leased before the suspension cannot be acknowledged
     // after it: phone_ack verifies its caller in its own statement.
-    ok(
-        &c1,
-        "phone_send",
-        victim.with(json!({"to": "abuser", "body": "who are you?"})),
-    )
-    .await;
-    let leased = ok(
-        &c1,
-        "phone_inbox",
-        abuser.with(json!({"mode": "lease", "lease_seconds": 60})),
-    )
-    .await;
-    let receipt = leased["messages"][0]["receipt"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (_, receipt) = sent_and_leased(&c1, &victim, &abuser, "who are you?").await;
     let (done, said) = admin(&["suspend", "abuser"]);
     assert!(done && said.contains("'abuser' is suspended"), "{said}");
     for c in [&c1, &c2] {

@@ -254,6 +254,35 @@ pub struct Agent {
     pub token: String,
 }
 
+/// `sender` mails `body` to `recipient`, who takes it in lease mode (60 s):
+/// the message's id and its receipt (the only message waiting, so the
+/// first one the lease hands out).
+pub async fn sent_and_leased(
+    client: &Client,
+    sender: &Agent,
+    recipient: &Agent,
+    body: &str,
+) -> (String, String) {
+    ok(
+        client,
+        "phone_send",
+        sender.with(json!({"to": recipient.name, "body": body})),
+    )
+    .await;
+    let leased = ok(
+        client,
+        "phone_inbox",
+        recipient.with(json!({"mode": "lease", "lease_seconds": 60})),
+    )
+    .await;
+    let first = &leased["messages"][0];
+    assert_eq!(first["body"], body, "{leased}");
+    (
+        first["id"].as_str().unwrap().to_owned(),
+        first["receipt"].as_str().unwrap().to_owned(),
+    )
+}
+
 pub async fn register(client: &Client, name: &str, description: &str, project: &str) -> Agent {
     let out = ok(
         client,
