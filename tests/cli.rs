@@ -462,3 +462,32 @@ async fn phone_alone_still_serves() {
         format!("phone {}", env!("CARGO_PKG_VERSION"))
     );
 }
+
+/// `PHONE_WORKER_THREADS` is checked like every setting: a bad value stops
+/// `serve` at once with the variable's name (exit 2, before any database
+/// is reached), and commands that do not serve are not affected by it.
+#[tokio::test]
+async fn a_bad_worker_thread_count_stops_serve_with_its_name() {
+    for bad in ["abc", "0", "100000"] {
+        let served = run_in(
+            None,
+            &["serve"],
+            &[
+                ("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none"),
+                ("PHONE_WORKER_THREADS", bad),
+            ],
+            "",
+        )
+        .await;
+        assert_eq!(served.code, 2, "{bad}: {}", served.stderr);
+        assert!(
+            served
+                .stderr
+                .contains(&format!("PHONE_WORKER_THREADS=\"{bad}\" is invalid")),
+            "{bad}: {}",
+            served.stderr
+        );
+    }
+    let version = run_in(None, &["--version"], &[("PHONE_WORKER_THREADS", "abc")], "").await;
+    assert_eq!(version.code, 0, "{}", version.stderr);
+}
