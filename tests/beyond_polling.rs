@@ -298,6 +298,144 @@ async fn a_stale_receipt_is_refused_and_the_current_one_acknowledges() {
     app.stop().await;
 }
 
+/// A worker acknowledges what it handled with its next lease poll: one call
+/// per round where `phone_ack` made two. Stale and foreign receipts are
+/// reported beside the new mail and change nothing; the acknowledgement is
+/// the caller's own, verified like any other.
+#[tokio::test]
+async fn a_lease_poll_acknowledges_what_the_worker_handled_before_taking_more() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let a = register(&c, "alice", "A", "p").await;
+    let b = register(&c, "bob", "B", "p").await;
+    let mut jobs = Vec::new();
+    for i in 0..4 {
+        let out = ok(
+            &c,
+            "phone_send",
+            a.with(json!({"to": "bob", "body": format!("job {i}")})),
+        )
+        .await;
+        jobs.push(out["id"].as_str().unwrap().to_owned());
+    }
+    let lease_acking = |ack: Value| b.with(json!({"mode": "lease", "limit": 1, "ack": ack}));
+    let states = |outbox: &Value| -> Vec<String> {
+        outbox["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .rev()
+            .map(|m| m["state"].as_str().unwrap().to_owned())
+            .collect()
+    };
+
+    let first = ok(&c, "phone_inbox", lease_acking(json!([]))).await;
+    assert_eq!(ids(&first), jobs[..1], "an empty ack only polls");
+    assert!(first.get("acks").is_none(), "{first}");
+    let r0 = old_receipt_of(&first);
+
+    let called = call(&c, "phone_inbox", lease_acking(json!([r0.clone()]))).await;
+    let second = called
+        .structured_content
+        .clone()
+        .expect("structured content");
+    assert_eq!(ids(&second), jobs[1..2], "{second}");
+    assert_eq!(second["acks"]["acknowledged"], json!([jobs[0]]), "{second}");
+    assert_eq!(second["acks"]["stale"], json!([]));
+    let said = text(&called);
+    assert!(said.starts_with("Acknowledged 1 message(s)."), "{said}");
+    let outbox = ok(&c, "phone_outbox", a.with(json!({}))).await;
+    assert_eq!(
+        states(&outbox),
+        ["acknowledged", "leased", "waiting", "waiting"]
+    );
+
+    // A retry of the same call acknowledges again, harmlessly.
+    let r1 = old_receipt_of(&second);
+    let retried = ok(&c, "phone_inbox", lease_acking(json!([r0]))).await;
+    assert_eq!(retried["acks"]["acknowledged"], json!([jobs[0]]));
+    assert_eq!(ids(&retried), jobs[2..3]);
+
+    // The worker's lease on job 1 ends and job 1 goes out again; its late
+    // acknowledgement with the old receipt changes nothing, and the poll
+    // still hands out what waits.
+    expire_leases(&app).await;
+    let redelivered = ok(&c, "phone_inbox", lease_acking(json!([]))).await;
+    assert_eq!(ids(&redelivered), jobs[1..2]);
+    assert_eq!(redelivered["messages"][0]["delivery_count"], 2);
+    let called = call(&c, "phone_inbox", lease_acking(json!([r1, "msg_999999"]))).await;
+    let late = called
+        .structured_content
+        .clone()
+        .expect("structured content");
+    assert_eq!(late["acks"]["acknowledged"], json!([]), "{late}");
+    assert_eq!(late["acks"]["stale"], json!([jobs[1]]), "{late}");
+    assert_eq!(late["acks"]["not_found"], json!(["msg_999999"]), "{late}");
+    assert_eq!(ids(&late), jobs[2..3], "job 2's lease ended too");
+    let said = text(&called);
+    assert!(said.contains("do not act on them again"), "{said}");
+    let outbox = ok(&c, "phone_outbox", a.with(json!({}))).await;
+    assert_eq!(
+        states(&outbox),
+        ["acknowledged", "leased", "leased", "waiting"],
+        "the stale receipt acknowledged nothing"
+    );
+
+    // Bob's receipts are Bob's: Alice's poll acknowledges none of them.
+    let theirs = ok(
+        &c,
+        "phone_inbox",
+        a.with(json!({"mode": "lease", "ack": [old_receipt_of(&late)]})),
+    )
+    .await;
+    assert_eq!(theirs["acks"]["not_found"], json!([jobs[2]]), "{theirs}");
+    // A wrong token acknowledges nothing and polls nothing.
+    let wrong = json!({"name": "bob", "token": "tok_wrong", "mode": "lease", "ack": [old_receipt_of(&late)]});
+    let err = tool_err(&c, "phone_inbox", wrong).await;
+    assert!(err.contains("token"), "{err}");
+    let outbox = ok(&c, "phone_outbox", a.with(json!({}))).await;
+    assert_eq!(
+        states(&outbox),
+        ["acknowledged", "leased", "leased", "waiting"]
+    );
+
+    for (args, expected) in [
+        (
+            json!({"ack": [old_receipt_of(&late)]}),
+            "only applies with mode \"lease\"",
+        ),
+        (
+            json!({"peek": true, "ack": ["msg_1"]}),
+            "only applies with mode \"lease\"",
+        ),
+        (json!({"query": "job", "ack": ["msg_1"]}), "drop ack"),
+        (
+            json!({"mode": "lease", "ack": ["rcpt_xyz"]}),
+            "is not a receipt",
+        ),
+        (json!({"mode": "lease", "ack": "msg_x"}), "ack"),
+        (json!({"mode": "lease", "ack": [7]}), "a list of strings"),
+    ] {
+        let err = tool_err(&c, "phone_inbox", b.with(args.clone())).await;
+        assert!(err.contains(expected), "{args}: {err}");
+    }
+    let too_many: Vec<String> = (1..=101).map(|i| format!("msg_{i}")).collect();
+    let err = tool_err(
+        &c,
+        "phone_inbox",
+        b.with(json!({"mode": "lease", "ack": too_many})),
+    )
+    .await;
+    assert!(err.contains("at most 100"), "{err}");
+    let outbox = ok(&c, "phone_outbox", a.with(json!({}))).await;
+    assert_eq!(
+        states(&outbox),
+        ["acknowledged", "leased", "leased", "waiting"],
+        "refused calls changed nothing"
+    );
+    app.stop().await;
+}
+
 fn old_receipt_of(out: &Value) -> String {
     out["messages"][0]["receipt"].as_str().unwrap().to_owned()
 }

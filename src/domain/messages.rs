@@ -177,6 +177,9 @@ pub struct Acked {
     pub acknowledged: Vec<MessageId>,
     /// Ids that are not messages addressed to you.
     pub not_found: Vec<MessageId>,
+    /// Receipts of deliveries that are over (the message went to another
+    /// worker since), with the delivery the message is on now.
+    pub stale: Vec<(AckRef, i32)>,
 }
 
 #[derive(Debug, Clone)]
@@ -516,9 +519,45 @@ impl Phone {
 
     /// Acknowledges leased (or any received) messages: they will not come
     /// back. A receipt acknowledges only the delivery it came with: when the
-    /// message was handed to another worker since, it is refused. The
-    /// caller is verified inside the statement, as for sends and polls.
+    /// message was handed to another worker since, it is refused (and the
+    /// others are acknowledged all the same).
     pub async fn ack(&self, creds: &Credentials, refs: &[AckRef]) -> Result<Acked, PhoneError> {
+        let acked = self.acknowledge(creds, refs).await?;
+        if acked.stale.is_empty() {
+            Ok(acked)
+        } else {
+            Err(PhoneError::StaleReceipts {
+                acknowledged: acked.acknowledged,
+                stale: acked.stale,
+            })
+        }
+    }
+
+    /// phone_inbox with `ack`: acknowledges what the caller handled, then
+    /// polls, in one call where a worker made two. The acknowledgement
+    /// commits first: a poll that fails after it leaves it done, and a
+    /// retry of the whole call acknowledges the same receipts again
+    /// harmlessly. Stale receipts are reported beside the new mail rather
+    /// than refusing it: the caller should not act on those messages again,
+    /// and needs the poll all the same.
+    pub async fn ack_then_inbox(
+        &self,
+        creds: &Credentials,
+        refs: &[AckRef],
+        req: InboxRequest,
+        call: &Call,
+    ) -> Result<(Acked, Inbox), PhoneError> {
+        if call.gone.is_cancelled() {
+            return Err(PhoneError::CallerGone);
+        }
+        let acked = self.acknowledge(creds, refs).await?;
+        let inbox = self.inbox(creds, req, call).await?;
+        Ok((acked, inbox))
+    }
+
+    /// Each reference's fate. The caller is verified inside the statement,
+    /// as for sends and polls.
+    async fn acknowledge(&self, creds: &Credentials, refs: &[AckRef]) -> Result<Acked, PhoneError> {
         // No row back means "not accepted" only for a request of some ids.
         debug_assert!(!refs.is_empty(), "an acknowledgement of nothing");
         let wanted: Vec<(i64, Option<i32>)> =
@@ -534,23 +573,16 @@ impl Phone {
         let mut acked = Acked {
             acknowledged: Vec::new(),
             not_found: Vec::new(),
+            stale: Vec::new(),
         };
-        let mut stale = Vec::new();
         for (r, outcome) in refs.iter().zip(outcomes) {
             match outcome {
                 AckOutcome::Acknowledged => acked.acknowledged.push(r.message()),
                 AckOutcome::NotFound => acked.not_found.push(r.message()),
-                AckOutcome::Stale { current } => stale.push((r.clone(), current)),
+                AckOutcome::Stale { current } => acked.stale.push((r.clone(), current)),
             }
         }
-        if stale.is_empty() {
-            Ok(acked)
-        } else {
-            Err(PhoneError::StaleReceipts {
-                acknowledged: acked.acknowledged,
-                stale,
-            })
-        }
+        Ok(acked)
     }
 
     /// What the caller sent, newest first, with each message's state.
@@ -662,9 +694,25 @@ pub fn parse_ack_ids(raw: &[&str]) -> Result<Vec<AckRef>, InvalidInput> {
             "must list at least one message id or receipt",
         ));
     }
+    parse_ack_refs("ids", raw)
+}
+
+/// phone_inbox's `ack`: what to acknowledge before the poll. Only a lease
+/// leaves anything to acknowledge; an empty list acknowledges nothing.
+pub fn parse_inbox_acks(raw: &[&str], mode: InboxMode) -> Result<Vec<AckRef>, InvalidInput> {
+    if !raw.is_empty() && !matches!(mode, InboxMode::Lease { .. }) {
+        return Err(InvalidInput::new(
+            "ack",
+            "only applies with mode \"lease\" (other polls leave nothing to acknowledge); use phone_ack",
+        ));
+    }
+    parse_ack_refs("ack", raw)
+}
+
+fn parse_ack_refs(field: &'static str, raw: &[&str]) -> Result<Vec<AckRef>, InvalidInput> {
     if raw.len() > ACK_IDS_MAX {
         return Err(InvalidInput::new(
-            "ids",
+            field,
             format!(
                 "lists {} ids; acknowledge at most {ACK_IDS_MAX} per call",
                 raw.len()
@@ -674,9 +722,9 @@ pub fn parse_ack_ids(raw: &[&str]) -> Result<Vec<AckRef>, InvalidInput> {
     raw.iter()
         .map(|id| {
             if id.trim().starts_with(Receipt::PREFIX) {
-                Receipt::parse("ids", id).map(AckRef::Receipt)
+                Receipt::parse(field, id).map(AckRef::Receipt)
             } else {
-                MessageId::parse("ids", id).map(AckRef::Id)
+                MessageId::parse(field, id).map(AckRef::Id)
             }
         })
         .collect()

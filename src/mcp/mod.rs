@@ -219,6 +219,7 @@ impl PhoneServer {
             "lease_seconds",
             "max_deliveries",
             "wait_seconds",
+            "ack",
         ] {
             if args.is_given(key) {
                 return Err(InvalidInput::new(
@@ -332,8 +333,15 @@ impl PhoneServer {
                     },
                     rules,
                 )?;
+                let acks = messages::parse_inbox_acks(&args.str_list("ack")?, req.mode)?;
                 let creds = auth::credentials(&args, context)?;
-                let inbox = phone.inbox(&creds, req, &auth::call(context)).await?;
+                let call = auth::call(context);
+                let (acked, inbox) = if acks.is_empty() {
+                    (None, phone.inbox(&creds, req, &call).await?)
+                } else {
+                    let (acked, inbox) = phone.ack_then_inbox(&creds, &acks, req, &call).await?;
+                    (Some(acked), inbox)
+                };
                 auth::record_agent(&creds);
                 let n = inbox.messages.len() as u64;
                 let read = match req.mode {
@@ -345,6 +353,7 @@ impl PhoneServer {
                 if req.mode == InboxMode::Read {
                     out = out.read_poll();
                 }
+                out.acks = acked.map(wire::InboxAcks::from);
                 Ok((
                     success(&out, render::inbox(&out)),
                     Delivered { sent: 0, read },

@@ -12,8 +12,8 @@
 use std::fmt::Write as _;
 
 use super::wire::{
-    Acked, Inbox, Message, Outbox, Registration, Rotated, SearchResult, Sent, Settings, Thread,
-    Unregistered,
+    Acked, Inbox, InboxAcks, Message, Outbox, Registration, Rotated, SearchResult, Sent, Settings,
+    Thread, Unregistered,
 };
 
 /// A quoted, escaped single line (JSON string syntax).
@@ -138,7 +138,31 @@ fn message_mark(list: &[Message]) -> String {
 
 /// An inbox: every message is to the caller, so none says so.
 pub fn inbox(r: &Inbox) -> String {
-    listing(r, false)
+    match &r.acks {
+        None => listing(r, false),
+        Some(acks) => format!("{}\n{}", inbox_acks(acks), listing(r, false)),
+    }
+}
+
+/// What phone_inbox's `ack` did, before the poll's own answer.
+fn inbox_acks(a: &InboxAcks) -> String {
+    let mut out = format!("Acknowledged {} message(s).", a.acknowledged.len());
+    if !a.not_found.is_empty() {
+        let _ = write!(
+            out,
+            " Not messages addressed to you: {}.",
+            a.not_found.join(", ")
+        );
+    }
+    if !a.stale.is_empty() {
+        let _ = write!(
+            out,
+            " Not acknowledged: {}: your lease ended and each was handed to another worker, \
+             which will acknowledge it; do not act on them again.",
+            a.stale.join(", ")
+        );
+    }
+    out
 }
 
 /// A search of one's mail: sent and received, so each says to whom.

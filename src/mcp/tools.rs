@@ -65,6 +65,7 @@ pub const INBOX_ARGS: &[&str] = &[
     "lease_seconds",
     "max_deliveries",
     "wait_seconds",
+    "ack",
     "query",
     "cursor",
 ];
@@ -196,7 +197,7 @@ pub fn definitions(rules: &MailRules) -> Vec<Tool> {
         Tool::new(
             INBOX,
             "Get your unread messages, oldest first, marking them read. \
-             mode=lease hands them out for lease_seconds instead: phone_ack their receipts or they come back. \
+             mode=lease hands them out for lease_seconds instead: ack their receipts (here, with your next poll, or by phone_ack) or they come back. \
              query searches all your mail instead.",
             object(
                 true,
@@ -206,6 +207,7 @@ pub fn definitions(rules: &MailRules) -> Vec<Tool> {
                     "mode": {"type": "string", "enum": ["read", "lease"]},
                     "lease_seconds": integer(1, 3600, "Lease length (default 300)"),
                     "max_deliveries": integer(1, 1000, &format!("Leases before a message dies (default {})", rules.max_deliveries)),
+                    "ack": {"type": "array", "items": {"type": "string"}, "description": "mode=lease: receipts of messages you handled, acknowledged before this poll"},
                     "peek": boolean("Show without marking read"),
                     "include_read": boolean("Recent messages, read or not, newest first"),
                     "query": string("Words; with:NAME thread:ID since:DATE narrow"),

@@ -234,6 +234,37 @@ pub struct Inbox {
     /// A search's next page: pass back as `cursor`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_cursor: Option<String>,
+    /// What the call's `ack` acknowledged before it polled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub acks: Option<InboxAcks>,
+}
+
+/// phone_inbox's `ack`, done before the poll.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct InboxAcks {
+    /// Ids now acknowledged (including ones acknowledged before).
+    pub acknowledged: Vec<String>,
+    /// Ids that are not messages addressed to you.
+    pub not_found: Vec<String>,
+    /// Ids whose receipt was of a delivery that is over: the lease ended and
+    /// the message went to another worker, which will acknowledge it. Do
+    /// not act on these again.
+    pub stale: Vec<String>,
+}
+
+impl From<mail::Acked> for InboxAcks {
+    fn from(a: mail::Acked) -> Self {
+        let ids = |ids: Vec<MessageId>| ids.iter().map(ToString::to_string).collect();
+        Self {
+            acknowledged: ids(a.acknowledged),
+            not_found: ids(a.not_found),
+            stale: a
+                .stale
+                .iter()
+                .map(|(r, _)| r.message().to_string())
+                .collect(),
+        }
+    }
 }
 
 impl Inbox {
@@ -254,6 +285,7 @@ impl From<mail::Inbox> for Inbox {
             messages: i.messages.into_iter().map(Message::from).collect(),
             unread_remaining: i.unread_remaining,
             next_cursor: None,
+            acks: None,
         }
     }
 }

@@ -15,8 +15,10 @@ use crate::stats::{Errors, Lat};
 pub enum HotMode {
     /// `phone_inbox` marks what it returns read.
     Read,
-    /// `mode: lease` for `seconds`, then one `phone_ack` of every receipt.
-    Lease { seconds: u32 },
+    /// `mode: lease` for `seconds`; every receipt acknowledged by one
+    /// `phone_ack` right after the poll, or (`ack_in_poll`) with the
+    /// worker's next poll (`ack`), one call per round instead of two.
+    Lease { seconds: u32, ack_in_poll: bool },
 }
 
 impl HotMode {
@@ -24,11 +26,51 @@ impl HotMode {
     pub fn poll_args(self, limit: u32) -> Value {
         match self {
             HotMode::Read => json!({"limit": limit, "wait_seconds": 0}),
-            HotMode::Lease { seconds } => json!({
+            HotMode::Lease { seconds, .. } => json!({
                 "limit": limit, "wait_seconds": 0, "mode": "lease", "lease_seconds": seconds
             }),
         }
     }
+
+    /// How the report names it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            HotMode::Read => "read",
+            HotMode::Lease {
+                ack_in_poll: false, ..
+            } => "lease + phone_ack",
+            HotMode::Lease {
+                ack_in_poll: true, ..
+            } => "lease, ack in next poll",
+        }
+    }
+
+    pub fn is_lease(self) -> bool {
+        matches!(self, HotMode::Lease { .. })
+    }
+
+    fn acks_in_poll(self) -> bool {
+        matches!(
+            self,
+            HotMode::Lease {
+                ack_in_poll: true,
+                ..
+            }
+        )
+    }
+}
+
+/// The ids a poll's `ack` acknowledged.
+fn acked_in_poll(v: &Value) -> Vec<i64> {
+    v.get("acks")
+        .and_then(|a| a.get("acknowledged"))
+        .and_then(Value::as_array)
+        .map(|ids| {
+            ids.iter()
+                .filter_map(|x| x.as_str().and_then(message_number))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// The numeric part of a message id (`msg_123`).
@@ -119,7 +161,9 @@ async fn ack(conn: &mut Conn, token: &str, receipts: Vec<String>) -> Result<Vec<
 /// robin), the even ones senders (sender k to `recipient`), the odd ones
 /// pollers of `recipient`'s inbox (its token), `limit` 10, no wait, and no
 /// pause after an empty poll. In lease mode each poll that returned
-/// messages is followed by one `phone_ack` of all their receipts. Calls
+/// messages is followed by one `phone_ack` of all their receipts, or with
+/// `ack_in_poll` the next poll acknowledges them (and a last `phone_ack`
+/// those of the worker's last poll). Calls
 /// before `warmup` are not recorded.
 #[allow(clippy::too_many_arguments)]
 pub async fn hot(
@@ -151,31 +195,41 @@ pub async fn hot(
                 Some(c) => c,
                 None => return out,
             };
+            // Receipts to acknowledge with the next poll (`ack_in_poll`);
+            // kept across a failed poll, whose retry acknowledges them.
+            let mut pending: Vec<String> = Vec::new();
             for _ in 0..MAX_CALLS_PER_WORKER {
                 if Instant::now() >= stop_at {
                     break;
                 }
                 let t = Instant::now();
                 let counted = t >= record_from && t < stop_at;
-                let (tool, args) = if poller {
-                    ("phone_inbox", &poll_args)
+                let (tool, mut args) = if poller {
+                    ("phone_inbox", poll_args.clone())
                 } else {
-                    ("phone_send", &send_args)
+                    ("phone_send", send_args.clone())
                 };
-                let r = conn.call_tool(tool, args.clone(), Some(&token)).await;
+                if !pending.is_empty() {
+                    args["ack"] = json!(pending);
+                }
+                let r = conn.call_tool(tool, args, Some(&token)).await;
                 let took = t.elapsed();
                 out.calls_total += 1;
                 let mut receipts = Vec::new();
                 match r {
                     Ok(v) if poller => {
                         let at = Instant::now();
+                        if !pending.is_empty() {
+                            out.acked_ids.extend(acked_in_poll(&v));
+                            pending.clear();
+                        }
                         let ms = polled(&v);
                         for (id, receipt) in ms.iter().cloned() {
                             match id {
                                 Some(id) => out.handouts.push(Handout { id, at }),
                                 None => out.errors.add(tool, "bad_response", "message without id"),
                             }
-                            if let HotMode::Lease { .. } = mode {
+                            if mode.is_lease() {
                                 match receipt {
                                     Some(rc) => receipts.push(rc),
                                     None => out.errors.add(
@@ -215,6 +269,10 @@ pub async fn hot(
                         }
                     }
                 }
+                if mode.acks_in_poll() {
+                    pending.extend(receipts);
+                    continue;
+                }
                 if receipts.is_empty() {
                     continue;
                 }
@@ -241,6 +299,14 @@ pub async fn hot(
                         }
                     }
                 }
+            }
+            // The last poll's receipts: no lease is left behind.
+            if !pending.is_empty() {
+                match ack(&mut conn, &token, pending).await {
+                    Ok(ids) => out.acked_ids.extend(ids),
+                    Err(e) => out.errors.add("phone_ack", e.kind(), &e.to_string()),
+                }
+                out.calls_total += 1;
             }
             out
         }));
@@ -306,7 +372,7 @@ pub async fn drain(
             }
             receipts.extend(receipt);
         }
-        if let HotMode::Lease { .. } = mode {
+        if mode.is_lease() {
             match ack(&mut conn, &recipient.token, receipts).await {
                 Ok(ids) => out.acked_ids.extend(ids),
                 Err(e) => out.errors.add("drain ack", e.kind(), &e.to_string()),

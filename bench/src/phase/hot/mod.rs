@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use super::{names_of, rate::RateRow, seeded_agents};
 use crate::cli::{Opts, pg_url};
 use crate::db;
+use crate::load::HotMode;
 use crate::mode::{CONCURRENCY, Mode, REPLICAS};
 use crate::replicas::{QUOTAS_OUT_OF_REACH, start_replicas_env, stop_replicas, targets};
 use crate::report::{Report, memory::MemRow};
@@ -29,7 +30,7 @@ pub(crate) const DB_HOT: &str = "phone_bench_hot";
 /// Senders of the popular inbox: half of the largest concurrency.
 pub(crate) const HOT_SENDERS: usize = 32;
 /// Recipients, one per run (server, pgbench, fixed rate), never reused.
-pub(crate) const HOT_RECIPIENTS: usize = 16;
+pub(crate) const HOT_RECIPIENTS: usize = 24;
 /// The lease mode's `lease_seconds`: longer than any run, so a message
 /// handed out twice is a duplicate, not a lease that expired.
 pub(crate) const HOT_LEASE_SECS: u32 = 60;
@@ -40,7 +41,7 @@ pub(crate) const HOT_DRAIN_SECS: u64 = 30;
 
 /// One popular-inbox run against the server.
 pub(crate) struct HotRow {
-    lease: bool,
+    hot_mode: crate::load::HotMode,
     replicas: usize,
     concurrency: usize,
     secs: f64,
@@ -81,7 +82,10 @@ impl HotRow {
         }
     }
     fn mode(&self) -> &'static str {
-        if self.lease { "lease + ack" } else { "read" }
+        self.hot_mode.describe()
+    }
+    fn lease(&self) -> bool {
+        self.hot_mode.is_lease()
     }
 }
 
@@ -154,11 +158,23 @@ pub(crate) async fn run(
         };
         say!(t0, "hot: {r} replica(s) up");
         let mut peak = 0.0f64;
-        for lease in [false, true] {
+        let hot_modes = [
+            HotMode::Read,
+            HotMode::Lease {
+                seconds: HOT_LEASE_SECS,
+                ack_in_poll: false,
+            },
+            HotMode::Lease {
+                seconds: HOT_LEASE_SECS,
+                ack_in_poll: true,
+            },
+        ];
+        for hot_mode in hot_modes {
+            let lease = hot_mode.is_lease();
             for &c in &CONCURRENCY {
                 let shape = format!(
                     "popular inbox, {} mode, {r} replica{}, c={c}",
-                    if lease { "lease" } else { "read" },
+                    hot_mode.describe(),
                     if r > 1 { "s" } else { "" }
                 );
                 if opts.quick && lease && r == 3 && c == 64 {
@@ -175,7 +191,13 @@ pub(crate) async fn run(
                     continue;
                 }
                 let lease_secs = lease.then_some(HOT_LEASE_SECS);
-                if r == 1 {
+                // One pgbench run per mode of the database: both ways of
+                // acknowledging are compared with the same raw SQL.
+                let measured = report
+                    .hot_base
+                    .iter()
+                    .any(|b| b.lease == lease && b.clients == c);
+                if r == 1 && !measured {
                     let recipient = recipients.next().ok_or("out of hot recipients")?;
                     let hot = db::ids_by_name(hdb, std::slice::from_ref(&recipient.name)).await?[0];
                     let base = hot_baseline(
@@ -211,7 +233,7 @@ pub(crate) async fn run(
                     postmaster,
                     hz,
                     (&senders, &recipient),
-                    lease_secs,
+                    hot_mode,
                     r,
                     c,
                 )

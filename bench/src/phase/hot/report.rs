@@ -60,7 +60,7 @@ pub(crate) fn section(w: &mut String, r: &Report, mode: &Mode) {
     );
     let _ = writeln!(
         w,
-        "What it measures: one agent whose inbox everyone writes to and many workers drain at once — the shape of a shared work queue — where the mix (sections 1–2) gives every agent an inbox of its own. Its own database; agents bulk-inserted with known tokens ({HOT_SENDERS} senders, and a fresh recipient for every run, server's or pgbench's, so runs never share an inbox). Closed loop on c connections (one each, replicas round robin): c/2 senders, each `phone_send {{to: recipient}}` one after another, and c/2 pollers, each `phone_inbox {{limit: 10, wait_seconds: 0}}` with the recipient's token, **with no pause after an empty poll**: an idle poller polls again at once, so empty polls are part of the load, as they would be for workers that spin (the `empty polls` column says how many). Read mode marks what a poll returns read; lease mode is `mode: lease, lease_seconds: {HOT_LEASE_SECS}`, and each poll that returned messages is followed by one `phone_ack` of all their receipts, so each delivery costs a poll and an ack. Each run: `VACUUM (ANALYZE)` and `CHECKPOINT` first, as in the mix; {} s warm-up, {} s measured. Sent and delivered counts come from the database (messages to the run's recipient with `sent_at` / `read_at` in the measured window; an acknowledgement sets `read_at` too, so in lease mode delivered = acknowledged), not from responses. `left at the end`: the backlog when the load stopped (what the drain took): pollers that keep up leave a handful; pollers that fall behind the sends leave a backlog that grows with the run, and their polls come back full (`messages per poll` 10).\n",
+        "What it measures: one agent whose inbox everyone writes to and many workers drain at once — the shape of a shared work queue — where the mix (sections 1–2) gives every agent an inbox of its own. Its own database; agents bulk-inserted with known tokens ({HOT_SENDERS} senders, and a fresh recipient for every run, server's or pgbench's, so runs never share an inbox). Closed loop on c connections (one each, replicas round robin): c/2 senders, each `phone_send {{to: recipient}}` one after another, and c/2 pollers, each `phone_inbox {{limit: 10, wait_seconds: 0}}` with the recipient's token, **with no pause after an empty poll**: an idle poller polls again at once, so empty polls are part of the load, as they would be for workers that spin (the `empty polls` column says how many). Read mode marks what a poll returns read; lease mode is `mode: lease, lease_seconds: {HOT_LEASE_SECS}`, run two ways: `lease + phone_ack`, where each poll that returned messages is followed by one `phone_ack` of all their receipts (a poll and an ack per round), and `lease, ack in next poll`, where each poll passes the receipts of the worker's previous poll as `ack` (one call per round; the worker's last receipts are acknowledged by one `phone_ack` when the load stops). Both are compared with the same pgbench script, which polls and acknowledges in two statements. Each run: `VACUUM (ANALYZE)` and `CHECKPOINT` first, as in the mix; {} s warm-up, {} s measured. Sent and delivered counts come from the database (messages to the run's recipient with `sent_at` / `read_at` in the measured window; an acknowledgement sets `read_at` too, so in lease mode delivered = acknowledged), not from responses. `left at the end`: the backlog when the load stopped (what the drain took): pollers that keep up leave a handful; pollers that fall behind the sends leave a backlog that grows with the run, and their polls come back full (`messages per poll` 10).\n",
         mode.hot_warmup.as_secs(),
         mode.hot_measure.as_secs()
     );
@@ -92,7 +92,7 @@ pub(crate) fn section(w: &mut String, r: &Report, mode: &Mode) {
             x.send.p99,
             x.poll.p50,
             x.poll.p99,
-            if x.lease {
+            if x.lease() && x.acks_ok > 0 {
                 format!("{:.2} / {:.2}", x.ack.p50, x.ack.p99)
             } else {
                 "—".into()
@@ -118,7 +118,7 @@ pub(crate) fn section(w: &mut String, r: &Report, mode: &Mode) {
             let _ = writeln!(
                 w,
                 "| {} | {} ({} + {}) | {:.0} | {:.0} | {:.0} | {:.0} | {} | {:.2} | {:.2} | {:.2} |",
-                if b.lease { "lease + ack" } else { "read" },
+                if b.lease { "lease + ack (two statements)" } else { "read" },
                 b.clients,
                 b.clients / 2,
                 b.clients / 2,

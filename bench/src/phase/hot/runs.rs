@@ -94,14 +94,14 @@ pub(crate) async fn hot_run(
     postmaster: u32,
     hz: f64,
     (senders, recipient): (&[Agent], &Agent),
-    lease: Option<u32>,
+    hot_mode: load::HotMode,
     r: usize,
     c: usize,
 ) -> Result<HotRow, String> {
     let hot = db::ids_by_name(hdb, std::slice::from_ref(&recipient.name)).await?[0];
-    let hot_mode = match lease {
-        Some(seconds) => load::HotMode::Lease { seconds },
-        None => load::HotMode::Read,
+    let lease = match hot_mode {
+        load::HotMode::Lease { seconds, .. } => Some(seconds),
+        load::HotMode::Read => None,
     };
     db::settle(hdb).await?;
     db::each(hdb, &["CHECKPOINT"]).await?;
@@ -168,7 +168,7 @@ pub(crate) async fn hot_run(
         (errors, error_count)
     };
     Ok(HotRow {
-        lease: lease.is_some(),
+        hot_mode,
         replicas: r,
         concurrency: c,
         secs: mode.hot_measure.as_secs_f64(),
