@@ -436,6 +436,166 @@ async fn a_lease_poll_acknowledges_what_the_worker_handled_before_taking_more() 
     app.stop().await;
 }
 
+/// An acknowledgement carried by a poll never holds the poll's batch on a
+/// row another transaction has locked: the batch takes the new mail and
+/// commits, and only that acknowledgement waits, on a statement of its
+/// own, then reports as phone_ack would.
+#[tokio::test]
+async fn an_acknowledgement_in_a_poll_never_holds_the_batch_on_a_locked_row() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let bob = register(&c, "bob", "B", "p").await;
+    let (id, receipt) = sent_and_leased(&c, &alice, &bob, "job").await;
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "bob", "body": "next"})),
+    )
+    .await;
+    // Another acknowledgement of the same message, holding its row.
+    let other = app.db().await;
+    other.batch_execute("BEGIN").await.unwrap();
+    other
+        .execute(
+            "UPDATE messages SET acked_at = now(), read_at = coalesce(read_at, now()),
+                                 leased_until = NULL
+             WHERE body = 'job'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let polling = {
+        let c = app.client().await;
+        let args = bob.with(json!({"mode": "lease", "limit": 1, "ack": [receipt]}));
+        tokio::spawn(async move { ok(&c, "phone_inbox", args).await })
+    };
+    wait_until(
+        &app.db().await,
+        "the poll's batch leased the next message while the row stayed locked",
+        "SELECT delivery_count = 1 FROM messages WHERE body = 'next'",
+    )
+    .await;
+    sends_waiting_on_locks(&app, 1).await;
+    other.batch_execute("COMMIT").await.unwrap();
+    let polled = polling.await.expect("the poll succeeds");
+    assert_eq!(polled["acks"]["acknowledged"], json!([id]), "{polled}");
+    assert_eq!(polled["messages"][0]["body"], "next", "{polled}");
+    app.stop().await;
+}
+
+/// A lease that ended but went to nobody else yet is still the worker's to
+/// acknowledge; the poll that carries that acknowledgement does not hand
+/// the same message out again.
+#[tokio::test]
+async fn a_late_acknowledgement_in_a_poll_is_not_handed_out_by_that_poll() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let bob = register(&c, "bob", "B", "p").await;
+    let (id, receipt) = sent_and_leased(&c, &alice, &bob, "job").await;
+    expire_leases(&app).await;
+    let polled = ok(
+        &c,
+        "phone_inbox",
+        bob.with(json!({"mode": "lease", "ack": [receipt]})),
+    )
+    .await;
+    assert_eq!(polled["acks"]["acknowledged"], json!([id]), "{polled}");
+    assert_eq!(ids(&polled), Vec::<String>::new(), "{polled}");
+    assert_eq!(polled["unread_remaining"], 0, "{polled}");
+    let row = app
+        .db()
+        .await
+        .query_one(
+            "SELECT delivery_count, acked_at IS NOT NULL AS acked, leased_until IS NULL AS free
+             FROM messages WHERE body = 'job'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i32>("delivery_count"), 1);
+    assert!(row.get::<_, bool>("acked") && row.get::<_, bool>("free"));
+    app.stop().await;
+}
+
+/// Workers on two replicas that acknowledge each lease in their next poll
+/// take every message exactly once, and acknowledge each once.
+#[tokio::test]
+async fn workers_acknowledging_in_their_next_poll_take_each_message_once() {
+    let one = spawn_app().await;
+    let two = spawn_app_on(&one.database_url, &[]).await;
+    let c = one.client().await;
+    let a = register(&c, "alice", "A", "p").await;
+    let b = register(&c, "bob", "B", "p").await;
+    for i in 0..120 {
+        ok(
+            &c,
+            "phone_send",
+            a.with(json!({"to": "bob", "body": format!("task {i}")})),
+        )
+        .await;
+    }
+    let mut workers = Vec::new();
+    for i in 0..6 {
+        let client = if i % 2 == 0 {
+            one.client().await
+        } else {
+            two.client().await
+        };
+        let args = b.with(json!({"mode": "lease", "lease_seconds": 600, "limit": 3}));
+        workers.push(tokio::spawn(async move {
+            let (mut got, mut acked) = (Vec::new(), Vec::new());
+            let mut receipts: Vec<String> = Vec::new();
+            for _ in 0..100 {
+                let mut args = args.clone();
+                args["ack"] = json!(receipts);
+                let out = ok(&client, "phone_inbox", args).await;
+                if !receipts.is_empty() {
+                    let done = out["acks"]["acknowledged"].as_array().unwrap();
+                    acked.extend(done.iter().map(|x| x.as_str().unwrap().to_owned()));
+                }
+                receipts = out["messages"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|m| m["receipt"].as_str().unwrap().to_owned())
+                    .collect();
+                if receipts.is_empty() {
+                    break;
+                }
+                got.extend(ids(&out));
+            }
+            (got, acked)
+        }));
+    }
+    let (mut all, mut acked) = (Vec::new(), Vec::new());
+    for w in workers {
+        let (got, done) = w.await.unwrap();
+        all.extend(got);
+        acked.extend(done);
+    }
+    let unique: HashSet<&String> = all.iter().collect();
+    assert_eq!(unique.len(), all.len(), "a message was leased twice");
+    assert_eq!(all.len(), 120);
+    all.sort();
+    acked.sort();
+    assert_eq!(acked, all, "each message acknowledged once");
+    let left = one
+        .db()
+        .await
+        .query_one(
+            "SELECT count(*) FILTER (WHERE acked_at IS NULL), max(delivery_count) FROM messages",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(left.get::<_, i64>(0), 0, "every message acknowledged");
+    assert_eq!(left.get::<_, Option<i32>>(1), Some(1));
+    two.stop().await;
+    one.stop().await;
+}
+
 fn old_receipt_of(out: &Value) -> String {
     out["messages"][0]["receipt"].as_str().unwrap().to_owned()
 }

@@ -155,6 +155,7 @@ impl Phone {
             inbox: Inbox {
                 messages,
                 unread_remaining: found.waiting.clamp(0, UNREAD_COUNT_CAP),
+                acked: None,
             },
             next_cursor,
         })

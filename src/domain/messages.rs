@@ -169,6 +169,8 @@ pub struct Inbox {
     pub messages: Vec<Message>,
     /// Unread messages still waiting after this call; 100 means "100 or more".
     pub unread_remaining: i64,
+    /// What the poll acknowledged first (phone_inbox's `ack`), if asked.
+    pub acked: Option<Acked>,
 }
 
 #[derive(Debug, Clone)]
@@ -180,6 +182,16 @@ pub struct Acked {
     /// Receipts of deliveries that are over (the message went to another
     /// worker since), with the delivery the message is on now.
     pub stale: Vec<(AckRef, i32)>,
+}
+
+impl Acked {
+    fn add(&mut self, r: &AckRef, outcome: AckOutcome) {
+        match outcome {
+            AckOutcome::Acknowledged => self.acknowledged.push(r.message()),
+            AckOutcome::NotFound => self.not_found.push(r.message()),
+            AckOutcome::Stale { current } => self.stale.push((r.clone(), current)),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -245,12 +257,30 @@ impl Phone {
         req: InboxRequest,
         call: &Call,
     ) -> Result<Inbox, PhoneError> {
+        self.inbox_acking(creds, req, &[], call).await
+    }
+
+    /// phone_inbox with `ack` (lease mode): the first poll acknowledges
+    /// `acks` in its own statement, the batch's, then takes new mail: one
+    /// call and no statement of its own per round, where a worker made a
+    /// poll and a phone_ack. A poll that fails leaves its acknowledgements
+    /// undone or done, and a retry of the whole call does them again
+    /// harmlessly. Stale receipts are reported beside the new mail rather
+    /// than refusing it: the caller should not act on those messages
+    /// again, and needs the poll all the same.
+    pub async fn inbox_acking(
+        &self,
+        creds: &Credentials,
+        req: InboxRequest,
+        acks: &[AckRef],
+        call: &Call,
+    ) -> Result<Inbox, PhoneError> {
         // The wait counts from the call's arrival, not from its first look.
         let mut deadline = tokio::time::Instant::now() + req.wait;
         if let Some(request_deadline) = call.deadline {
             deadline = deadline.min(request_deadline);
         }
-        let (me_id, first) = match self.poll(creds, req, call).await? {
+        let (me_id, mut first) = match self.poll(creds, req, acks, call).await? {
             Some(polled) => polled,
             None => return Err(self.authentication_error(creds).await),
         };
@@ -260,6 +290,20 @@ impl Phone {
         {
             return Ok(first);
         }
+        let acked = first.acked.take();
+        let outcome = self.wait_for_mail(creds, req, call, me_id, deadline).await;
+        outcome.map(|inbox| Inbox { acked, ..inbox })
+    }
+
+    /// The rest of a long poll whose first look found nothing.
+    async fn wait_for_mail(
+        &self,
+        creds: &Credentials,
+        req: InboxRequest,
+        call: &Call,
+        me_id: i64,
+        deadline: tokio::time::Instant,
+    ) -> Result<Inbox, PhoneError> {
         let wakeup = self.store.wakeup().clone();
         let mut subscription = wakeup.subscribe(me_id);
         let mut registered = wakeup.connections();
@@ -279,7 +323,7 @@ impl Phone {
                 }
                 // The first round covers mail that arrived before the waiter
                 // row was visible to senders.
-                let latest = match self.poll(creds, req, call).await? {
+                let latest = match self.poll(creds, req, &[], call).await? {
                     Some((_, polled)) => polled,
                     // Revoked while waiting.
                     None => return Err(self.authentication_error(creds).await),
@@ -300,7 +344,7 @@ impl Phone {
                     // One last look: a wake-up can be lost (a replica's
                     // listener reconnecting, a failed NOTIFY), mail cannot.
                     _ = tokio::time::sleep_until(deadline) => {
-                        return match self.poll(creds, req, call).await? {
+                        return match self.poll(creds, req, &[], call).await? {
                             Some((_, last)) => Ok(last),
                             None => Err(self.authentication_error(creds).await),
                         };
@@ -414,12 +458,14 @@ impl Phone {
         &self,
         creds: &Credentials,
         req: InboxRequest,
+        acks: &[AckRef],
         call: &Call,
     ) -> Result<Option<(i64, Inbox)>, PhoneError> {
         let mut polled = self
-            .poll_once(creds, req, call)
+            .poll_once(creds, req, acks, call)
             .await
             .map_err(|e| taken_hint(e, req))?;
+        let outcomes = std::mem::take(&mut polled.acks);
         let takes = matches!(req.mode, InboxMode::Read | InboxMode::Lease { .. });
         if takes {
             self.name_the_other_recipients(&mut polled.messages).await;
@@ -433,7 +479,43 @@ impl Phone {
                 handover.hold(&self.store, polled.clone());
             }
         }
-        Ok(inbox(polled, req.mode))
+        let Some((me_id, mut inbox)) = inbox(polled, req.mode) else {
+            return Ok(None);
+        };
+        if !acks.is_empty() {
+            inbox.acked = Some(self.settle_acks(creds, acks, outcomes).await?);
+        }
+        Ok(Some((me_id, inbox)))
+    }
+
+    /// The acknowledgements a poll's statement carried: what it decided,
+    /// and the ones it left undecided (their rows were locked by another
+    /// transaction) acknowledged alone, as phone_ack would.
+    async fn settle_acks(
+        &self,
+        creds: &Credentials,
+        refs: &[AckRef],
+        outcomes: Vec<Option<AckOutcome>>,
+    ) -> Result<Acked, PhoneError> {
+        let mut acked = Acked {
+            acknowledged: Vec::new(),
+            not_found: Vec::new(),
+            stale: Vec::new(),
+        };
+        let mut undecided = Vec::new();
+        for (n, r) in refs.iter().enumerate() {
+            match outcomes.get(n).copied().flatten() {
+                Some(outcome) => acked.add(r, outcome),
+                None => undecided.push(r.clone()),
+            }
+        }
+        if !undecided.is_empty() {
+            let rest = self.acknowledge(creds, &undecided).await?;
+            acked.acknowledged.extend(rest.acknowledged);
+            acked.not_found.extend(rest.not_found);
+            acked.stale.extend(rest.stale);
+        }
+        Ok(acked)
     }
 
     /// Who else a group send went to, for the copies a read or lease poll
@@ -463,6 +545,7 @@ impl Phone {
         &self,
         creds: &Credentials,
         req: InboxRequest,
+        acks: &[AckRef],
         call: &Call,
     ) -> Result<store::Polled, PhoneError> {
         let limit = i64::from(req.limit);
@@ -486,6 +569,7 @@ impl Phone {
             claimed: creds.claimed_name().map(str::to_owned),
             limit,
             lease,
+            acks: acks.iter().map(|r| (r.message().0, r.delivery())).collect(),
         };
         Ok(self.store.poll(poll, call.gone.clone()).await?)
     }
@@ -533,28 +617,6 @@ impl Phone {
         }
     }
 
-    /// phone_inbox with `ack`: acknowledges what the caller handled, then
-    /// polls, in one call where a worker made two. The acknowledgement
-    /// commits first: a poll that fails after it leaves it done, and a
-    /// retry of the whole call acknowledges the same receipts again
-    /// harmlessly. Stale receipts are reported beside the new mail rather
-    /// than refusing it: the caller should not act on those messages again,
-    /// and needs the poll all the same.
-    pub async fn ack_then_inbox(
-        &self,
-        creds: &Credentials,
-        refs: &[AckRef],
-        req: InboxRequest,
-        call: &Call,
-    ) -> Result<(Acked, Inbox), PhoneError> {
-        if call.gone.is_cancelled() {
-            return Err(PhoneError::CallerGone);
-        }
-        let acked = self.acknowledge(creds, refs).await?;
-        let inbox = self.inbox(creds, req, call).await?;
-        Ok((acked, inbox))
-    }
-
     /// Each reference's fate. The caller is verified inside the statement,
     /// as for sends and polls.
     async fn acknowledge(&self, creds: &Credentials, refs: &[AckRef]) -> Result<Acked, PhoneError> {
@@ -576,11 +638,7 @@ impl Phone {
             stale: Vec::new(),
         };
         for (r, outcome) in refs.iter().zip(outcomes) {
-            match outcome {
-                AckOutcome::Acknowledged => acked.acknowledged.push(r.message()),
-                AckOutcome::NotFound => acked.not_found.push(r.message()),
-                AckOutcome::Stale { current } => acked.stale.push((r.clone(), current)),
-            }
+            acked.add(r, outcome);
         }
         Ok(acked)
     }
@@ -643,6 +701,7 @@ fn inbox(polled: store::Polled, mode: InboxMode) -> Option<(i64, Inbox)> {
         Inbox {
             messages,
             unread_remaining: polled.waiting.clamp(0, UNREAD_COUNT_CAP),
+            acked: None,
         },
     ))
 }

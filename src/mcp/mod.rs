@@ -336,12 +336,8 @@ impl PhoneServer {
                 let acks = messages::parse_inbox_acks(&args.str_list("ack")?, req.mode)?;
                 let creds = auth::credentials(&args, context)?;
                 let call = auth::call(context);
-                let (acked, inbox) = if acks.is_empty() {
-                    (None, phone.inbox(&creds, req, &call).await?)
-                } else {
-                    let (acked, inbox) = phone.ack_then_inbox(&creds, &acks, req, &call).await?;
-                    (Some(acked), inbox)
-                };
+                let mut inbox = phone.inbox_acking(&creds, req, &acks, &call).await?;
+                let acked = inbox.acked.take();
                 auth::record_agent(&creds);
                 let n = inbox.messages.len() as u64;
                 let read = match req.mode {

@@ -24,6 +24,10 @@ pub struct Polled {
     /// Unread messages still available after the poll (capped: see the
     /// poll).
     pub waiting: i64,
+    /// What became of each acknowledgement the poll carried, in order;
+    /// `None` where the message was locked by another transaction, and
+    /// the statement left it undecided rather than wait.
+    pub acks: Vec<Option<AckOutcome>>,
 }
 
 impl Polled {
@@ -35,6 +39,25 @@ impl Polled {
         if row.get::<_, Option<i64>>("id").is_some() {
             self.messages.push(Message::from_row(row));
         }
+    }
+
+    /// Adds an acknowledgement's row: `state` and the row's `ack_n` (its
+    /// place, from 1) and `ack_current`.
+    pub(super) fn add_ack_row(&mut self, state: &str, row: &tokio_postgres::Row) {
+        let Ok(at) = usize::try_from(row.get::<_, i64>("ack_n") - 1) else {
+            return;
+        };
+        if self.acks.len() <= at {
+            self.acks.resize(at + 1, None);
+        }
+        self.acks[at] = match state {
+            "acknowledged" => Some(AckOutcome::Acknowledged),
+            "not_found" => Some(AckOutcome::NotFound),
+            "stale" => Some(AckOutcome::Stale {
+                current: row.get("ack_current"),
+            }),
+            _ => None,
+        };
     }
 }
 

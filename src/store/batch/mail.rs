@@ -7,7 +7,7 @@
 
 use super::{
     PendingWakes, Write,
-    poll::{POLLERS, QueuedPoll, polls},
+    poll::{POLLERS, QueuedPoll, acks, polls},
     send::{
         NOTIFY_SQL, QueuedSend, SENDERS, SendOutcome, WAKE_SQL, copy_key, sends, waiting_among,
     },
@@ -120,6 +120,15 @@ impl Write for MailWrite {
                     .map(|l| i32::try_from(l.max_deliveries).unwrap_or(i32::MAX))
             })
             .collect();
+        // One element per acknowledgement, each with its poll's place.
+        let (mut ack_polls, mut ack_ids, mut ack_deliveries) = (Vec::new(), Vec::new(), Vec::new());
+        for (n, poll) in polls.iter().enumerate() {
+            for &(id, delivery) in &poll.acks {
+                ack_polls.push(n as i64 + 1);
+                ack_ids.push(id);
+                ack_deliveries.push(delivery);
+            }
+        }
         let to_wake = self.wakes.take();
         let rows = match client
             .query_generic(
@@ -149,6 +158,9 @@ impl Write for MailWrite {
                     &q.webhook_backlog,
                     &lifetimes,
                     &copies.send,
+                    &ack_polls,
+                    &ack_ids,
+                    &ack_deliveries,
                 ],
             )
             .await
@@ -194,7 +206,10 @@ impl Write for MailWrite {
                 continue;
             };
             match outcome {
-                MailDone::Polled(polled) => polled.add_row(row),
+                MailDone::Polled(polled) => match row.get::<_, Option<&str>>("ack_state") {
+                    Some(state) => polled.add_ack_row(state, row),
+                    None => polled.add_row(row),
+                },
                 MailDone::Sent(sent) => {
                     if row.get::<_, Option<bool>>("hooked") == Some(true) {
                         hooked = true;
@@ -361,6 +376,8 @@ pub(crate) struct Parts {
     pub polls: bool,
     /// Lease polls among the polls.
     pub leases: bool,
+    /// Lease polls that acknowledge first.
+    pub acks: bool,
 }
 
 impl Parts {
@@ -370,14 +387,18 @@ impl Parts {
             sends: !sends.is_empty(),
             polls: !polls.is_empty(),
             leases: polls.iter().any(|poll| poll.lease.is_some()),
+            acks: polls.iter().any(|poll| !poll.acks.is_empty()),
         }
     }
 
     /// The statement for this shape, built on first use.
     pub(crate) fn sql(self) -> &'static str {
-        static SHAPES: [std::sync::OnceLock<String>; 8] = [const { std::sync::OnceLock::new() }; 8];
-        let at =
-            usize::from(self.sends) | usize::from(self.polls) << 1 | usize::from(self.leases) << 2;
+        static SHAPES: [std::sync::OnceLock<String>; 16] =
+            [const { std::sync::OnceLock::new() }; 16];
+        let at = usize::from(self.sends)
+            | usize::from(self.polls) << 1
+            | usize::from(self.leases) << 2
+            | usize::from(self.acks) << 3;
         SHAPES[at].get_or_init(|| mail_batch_sql(self))
     }
 }
@@ -385,7 +406,7 @@ impl Parts {
 /// The mail statement's parameters, declared: a shape without sends or
 /// without polls does not mention theirs, and PostgreSQL could not infer
 /// their types.
-const PARAM_TYPES: [Type; 24] = [
+const PARAM_TYPES: [Type; 27] = [
     Type::BYTEA_ARRAY,  // $1 tokens of the senders
     Type::TEXT_ARRAY,   // $2 claimed names
     Type::TEXT_ARRAY,   // $3 recipient names, per copy
@@ -410,6 +431,9 @@ const PARAM_TYPES: [Type; 24] = [
     Type::INT4,         // $22 webhook backlog
     Type::FLOAT8_ARRAY, // $23 lifetimes
     Type::INT8_ARRAY,   // $24 the send of each copy
+    Type::INT8_ARRAY,   // $25 the poll of each acknowledgement
+    Type::INT8_ARRAY,   // $26 the message each acknowledges
+    Type::INT4_ARRAY,   // $27 the delivery its receipt names
 ];
 
 /// The mail statement for the parts `parts` names. `$1`-`$9`, `$17`-`$24`
@@ -421,9 +445,10 @@ const PARAM_TYPES: [Type; 24] = [
 /// a statement of its own, so that it cannot fail the mail. It runs only
 /// its generic plan (`Client::query_generic`), which knows no parameter's
 /// value; see `sends` on why the parameters are bare (all but `$14`, which
-/// `waiting_among` shares with `WAKE_SQL`, run on custom plans). One row per send,
+/// `waiting_among` shares with `WAKE_SQL`, run on custom plans). `$25`-`$27`
+/// what lease polls acknowledge first (see `poll::acks`). One row per send,
 /// and per poll one per message taken (or one without a message), in
-/// message order.
+/// message order, and one per acknowledgement (`ack_state` not NULL).
 fn mail_batch_sql(parts: Parts) -> String {
     // The polls' or the sends' rows come first and name the columns.
     debug_assert!(parts.sends || parts.polls, "a batch of no calls");
@@ -441,13 +466,17 @@ fn mail_batch_sql(parts: Parts) -> String {
                  WITH ORDINALITY AS r(token, claimed, lim, lease_secs, max_deliveries, ord))"
                 .to_owned(),
         );
-        ctes.push(polls(parts.leases));
+        ctes.push(polls(parts.leases, parts.acks));
+        if parts.acks {
+            ctes.push(acks());
+        }
         callers.push(POLLERS);
         let columns = polled_message_columns("me.name");
         rows.push(format!(
             "SELECT true AS is_poll, me.ord, me.id AS me_id, {columns},
                 waiting.n - waiting.taken AS waiting, NULL::bigint AS recipient_id,
-                NULL::text AS refusal, NULL::bool AS hooked
+                NULL::text AS refusal, NULL::bool AS hooked,
+                NULL::bigint AS ack_n, NULL::text AS ack_state, NULL::int AS ack_current
          FROM me
          JOIN waiting ON waiting.agent = me.id
          LEFT JOIN (SELECT picked.ord, taken.* FROM taken JOIN picked ON picked.id = taken.id) m
@@ -469,7 +498,8 @@ fn mail_batch_sql(parts: Parts) -> String {
                 NULL AS delivery_count, NULL AS leased_until, NULL AS dead_at, NULL AS expires_at,
                 CASE WHEN z.took THEN z.group_id END AS group_id, NULL AS also_to, NULL AS waiting,
                 CASE WHEN z.took THEN z.recipient_id END AS recipient_id, z.refusal,
-                z.hooked AND z.took AS hooked
+                z.hooked AND z.took AS hooked,
+                NULL::bigint AS ack_n, NULL::text AS ack_state, NULL::int AS ack_current
          FROM (SELECT rs.ord, rs.sender_id, rs.hooked, d.refusal, s.id, s.thread_id, s.group_id,
                       s.recipient_id,
                       -- stored, not an idempotent replay (`sent_at` is the
@@ -484,10 +514,20 @@ fn mail_batch_sql(parts: Parts) -> String {
     // Read by every shape, so the check always runs.
     rows.push(
         "SELECT NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, w.agent_id, NULL, NULL
+                NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, w.agent_id, NULL, NULL,
+                NULL, NULL, NULL
          FROM woken CROSS JOIN unnest(woken.ids) AS w(agent_id)"
             .to_owned(),
     );
+    if parts.acks {
+        rows.push(
+            "SELECT true, a.ord, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                a.n, a.state, a.current
+         FROM ack_outcomes a"
+                .to_owned(),
+        );
+    }
     format!(
         "WITH {}
          {}

@@ -15,6 +15,9 @@ pub struct QueuedPoll {
     /// `Some` for a lease: its seconds and the most deliveries a message
     /// may have had before this one (it dies instead).
     pub lease: Option<Lease>,
+    /// Leased messages to acknowledge first (phone_inbox's `ack`): id, and
+    /// the delivery a receipt names (`None` for a plain id).
+    pub acks: Vec<(i64, Option<i32>)>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -46,9 +49,16 @@ pub struct Lease {
 /// `leases`: whether the statement is for batches with lease polls. Without
 /// it, `lease_taken` and `buried` are left out: two updates of `messages`
 /// that read polls never run, but whose plan nodes every execution set up.
-pub(super) fn polls(leases: bool) -> String {
+/// `acks`: whether some lease polls acknowledge first (see [`acks`]).
+pub(super) fn polls(leases: bool, acks: bool) -> String {
     let caller = caller_by_token("r.token", "r.claimed");
-    let available = available_to("i.agent");
+    let mut available = available_to("i.agent");
+    if acks {
+        // A message acknowledged in this statement is not handed out by
+        // it too (a lease that just ended, acknowledged late): one
+        // statement cannot update a row twice.
+        available.push_str(" AND m.id <> ALL ($26::bigint[])");
+    }
     let taken = if leases {
         format!(
             "lease_taken AS (
@@ -125,3 +135,45 @@ pub(super) fn polls(leases: bool) -> String {
 
 /// The callers of `polls`, for the presence write.
 pub(super) const POLLERS: &str = "SELECT id, last_seen_at FROM me";
+
+/// The acknowledgements of the polls' CTEs (phone_inbox's `ack`), after
+/// `me`: `areq` (poll `ord`, message id, the delivery a receipt names,
+/// `n` its place) from `$25`-`$27`. `ack_locked` locks the callers' own
+/// messages among them, in id order, skipping rows another transaction
+/// holds: the batch never waits on a lock for an acknowledgement (those
+/// come back undecided, and the caller acknowledges them alone, as
+/// phone_ack does). `acked` acknowledges the locked ones whose delivery
+/// is still the receipt's; already acknowledged rows take the update too,
+/// unchanged, so that one acknowledged since this statement's snapshot
+/// counts (as in `messages::ACK`). `ack_outcomes`: one row per request,
+/// numbered from 1 within its poll. Primary key throughout.
+pub(super) fn acks() -> String {
+    "areq AS (
+         SELECT * FROM unnest($25::bigint[], $26::bigint[], $27::int[])
+             WITH ORDINALITY AS r(ord, id, delivery, n)),
+     ack_locked AS MATERIALIZED (
+         SELECT m.id FROM messages m
+         WHERE m.id = ANY (ARRAY(SELECT r.id FROM areq r JOIN me ON me.ord = r.ord))
+           AND m.recipient_id = ANY (ARRAY(SELECT id FROM me))
+         ORDER BY m.id
+         FOR UPDATE SKIP LOCKED),
+     acked AS (
+         UPDATE messages m
+         SET acked_at = coalesce(m.acked_at, now()), read_at = coalesce(m.read_at, now()),
+             leased_until = NULL
+         FROM areq r JOIN me ON me.ord = r.ord
+         WHERE m.id = ANY (ARRAY(SELECT id FROM ack_locked))
+           AND m.id = r.id AND m.recipient_id = me.id
+           AND (r.delivery IS NULL OR m.delivery_count = r.delivery)
+         RETURNING m.id),
+     ack_outcomes AS (
+         SELECT r.ord, row_number() OVER (PARTITION BY r.ord ORDER BY r.n) AS n,
+                CASE WHEN m.id IS NULL THEN 'not_found'
+                     WHEN m.acked_at IS NOT NULL OR r.id IN (SELECT id FROM acked) THEN 'acknowledged'
+                     WHEN r.id NOT IN (SELECT id FROM ack_locked) THEN 'locked'
+                     ELSE 'stale' END AS state,
+                m.delivery_count AS current
+         FROM areq r JOIN me ON me.ord = r.ord
+         LEFT JOIN messages m ON m.id = r.id AND m.recipient_id = me.id)"
+        .to_owned()
+}

@@ -118,7 +118,11 @@ pub(crate) fn section(w: &mut String, r: &Report, mode: &Mode) {
             let _ = writeln!(
                 w,
                 "| {} | {} ({} + {}) | {:.0} | {:.0} | {:.0} | {:.0} | {} | {:.2} | {:.2} | {:.2} |",
-                if b.lease { "lease + ack (two statements)" } else { "read" },
+                if b.lease {
+                    "lease + ack (two statements)"
+                } else {
+                    "read"
+                },
                 b.clients,
                 b.clients / 2,
                 b.clients / 2,
