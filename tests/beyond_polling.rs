@@ -381,6 +381,22 @@ async fn a_lease_poll_acknowledges_what_the_worker_handled_before_taking_more() 
         "the stale receipt acknowledged nothing"
     );
 
+    // A plain id acknowledges whatever delivery is current; naming it twice
+    // is harmless.
+    let by_id = ok(&c, "phone_inbox", lease_acking(json!([jobs[1], jobs[1]]))).await;
+    assert_eq!(
+        by_id["acks"]["acknowledged"],
+        json!([jobs[1], jobs[1]]),
+        "{by_id}"
+    );
+    assert!(by_id["acks"].get("pending").is_none(), "{by_id}");
+    assert_eq!(ids(&by_id), jobs[3..4]);
+    let outbox = ok(&c, "phone_outbox", a.with(json!({}))).await;
+    assert_eq!(
+        states(&outbox),
+        ["acknowledged", "acknowledged", "leased", "leased"]
+    );
+
     // Bob's receipts are Bob's: Alice's poll acknowledges none of them.
     let theirs = ok(
         &c,
@@ -396,7 +412,7 @@ async fn a_lease_poll_acknowledges_what_the_worker_handled_before_taking_more() 
     let outbox = ok(&c, "phone_outbox", a.with(json!({}))).await;
     assert_eq!(
         states(&outbox),
-        ["acknowledged", "leased", "leased", "waiting"]
+        ["acknowledged", "acknowledged", "leased", "leased"]
     );
 
     for (args, expected) in [
@@ -430,7 +446,7 @@ async fn a_lease_poll_acknowledges_what_the_worker_handled_before_taking_more() 
     let outbox = ok(&c, "phone_outbox", a.with(json!({}))).await;
     assert_eq!(
         states(&outbox),
-        ["acknowledged", "leased", "leased", "waiting"],
+        ["acknowledged", "acknowledged", "leased", "leased"],
         "refused calls changed nothing"
     );
     app.stop().await;

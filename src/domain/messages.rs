@@ -182,6 +182,9 @@ pub struct Acked {
     /// Receipts of deliveries that are over (the message went to another
     /// worker since), with the delivery the message is on now.
     pub stale: Vec<(AckRef, i32)>,
+    /// Not acknowledged, for now (phone_inbox's `ack` only): their rows
+    /// were busy and the acknowledgement on its own failed; to be repeated.
+    pub pending: Vec<MessageId>,
 }
 
 impl Acked {
@@ -501,6 +504,7 @@ impl Phone {
             acknowledged: Vec::new(),
             not_found: Vec::new(),
             stale: Vec::new(),
+            pending: Vec::new(),
         };
         let mut undecided = Vec::new();
         for (n, r) in refs.iter().enumerate() {
@@ -510,10 +514,20 @@ impl Phone {
             }
         }
         if !undecided.is_empty() {
-            let rest = self.acknowledge(creds, &undecided).await?;
-            acked.acknowledged.extend(rest.acknowledged);
-            acked.not_found.extend(rest.not_found);
-            acked.stale.extend(rest.stale);
+            // The poll committed and its mail is the caller's now: a failure
+            // here must not hide it. What could not be done is said, to be
+            // passed again (acknowledging twice is harmless).
+            match self.acknowledge(creds, &undecided).await {
+                Ok(rest) => {
+                    acked.acknowledged.extend(rest.acknowledged);
+                    acked.not_found.extend(rest.not_found);
+                    acked.stale.extend(rest.stale);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, acks = undecided.len(), "acknowledgements left for the caller to repeat");
+                    acked.pending = undecided.iter().map(AckRef::message).collect();
+                }
+            }
         }
         Ok(acked)
     }
@@ -636,6 +650,7 @@ impl Phone {
             acknowledged: Vec::new(),
             not_found: Vec::new(),
             stale: Vec::new(),
+            pending: Vec::new(),
         };
         for (r, outcome) in refs.iter().zip(outcomes) {
             acked.add(r, outcome);

@@ -157,9 +157,16 @@ fn inbox_acks(a: &InboxAcks) -> String {
     if !a.stale.is_empty() {
         let _ = write!(
             out,
-            " Not acknowledged: {}: your lease ended and each was handed to another worker, \
-             which will acknowledge it; do not act on them again.",
+            " Not acknowledged: {}: your lease ended and each was handed out again; \
+             do not act on them again.",
             a.stale.join(", ")
+        );
+    }
+    if !a.pending.is_empty() {
+        let _ = write!(
+            out,
+            " Not acknowledged yet (busy): {}; pass them again as ack, or to phone_ack.",
+            a.pending.join(", ")
         );
     }
     out

@@ -149,7 +149,7 @@ pub fn definitions(rules: &MailRules) -> Vec<Tool> {
                     "name": string("Unique name: letters, digits, - _ . (max 64)"),
                     "description": string("What you can do, so others find you"),
                     "project": string("Your project or team"),
-                    "token": string("Your token, only to update an existing entry"),
+                    "token": string("Only to update your entry"),
                 }),
                 &["name", "description", "project"],
             ),
@@ -186,7 +186,7 @@ pub fn definitions(rules: &MailRules) -> Vec<Tool> {
                     "body": string("Message text (max 64 KiB)"),
                     "subject": string(""),
                     "reply_to": string("Id of the message you answer"),
-                    "idempotency_key": string("Unique string; a retry with it never sends twice"),
+                    "idempotency_key": string("A retry with it never sends twice"),
                     "expires_in": integer(1, crate::domain::send::EXPIRES_IN_MAX, "Seconds until it is no longer delivered"),
                 }),
                 &["body"],
@@ -197,7 +197,7 @@ pub fn definitions(rules: &MailRules) -> Vec<Tool> {
         Tool::new(
             INBOX,
             "Get your unread messages, oldest first, marking them read. \
-             mode=lease hands them out for lease_seconds instead: ack their receipts (here, with your next poll, or by phone_ack) or they come back. \
+             mode=lease hands them out for lease_seconds instead: phone_ack their receipts (or as ack to your next poll) or they come back. \
              query searches all your mail instead.",
             object(
                 true,
@@ -205,11 +205,11 @@ pub fn definitions(rules: &MailRules) -> Vec<Tool> {
                     "limit": integer(1, 100, ""),
                     "wait_seconds": integer(0, max_wait_secs, "If nothing is unread, wait this long for mail"),
                     "mode": {"type": "string", "enum": ["read", "lease"]},
-                    "lease_seconds": integer(1, 3600, "Lease length (default 300)"),
+                    "lease_seconds": integer(1, 3600, "Default 300"),
                     "max_deliveries": integer(1, 1000, &format!("Leases before a message dies (default {})", rules.max_deliveries)),
-                    "ack": {"type": "array", "items": {"type": "string"}, "description": "mode=lease: receipts of messages you handled, acknowledged before this poll"},
+                    "ack": names(""),
                     "peek": boolean("Show without marking read"),
-                    "include_read": boolean("Recent messages, read or not, newest first"),
+                    "include_read": boolean("Recent mail, read or not, newest first"),
                     "query": string("Words; with:NAME thread:ID since:DATE narrow"),
                     "cursor": string(""),
                 }),

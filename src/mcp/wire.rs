@@ -247,9 +247,12 @@ pub struct InboxAcks {
     /// Ids that are not messages addressed to you.
     pub not_found: Vec<String>,
     /// Ids whose receipt was of a delivery that is over: the lease ended and
-    /// the message went to another worker, which will acknowledge it. Do
-    /// not act on these again.
+    /// the message was handed out again. Do not act on these again.
     pub stale: Vec<String>,
+    /// Ids not acknowledged for now (their rows were busy, and acknowledging
+    /// them alone failed): pass them again.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub pending: Vec<String>,
 }
 
 impl From<mail::Acked> for InboxAcks {
@@ -263,6 +266,7 @@ impl From<mail::Acked> for InboxAcks {
                 .iter()
                 .map(|(r, _)| r.message().to_string())
                 .collect(),
+            pending: ids(a.pending),
         }
     }
 }

@@ -60,17 +60,26 @@ impl HotMode {
     }
 }
 
-/// The ids a poll's `ack` acknowledged.
-fn acked_in_poll(v: &Value) -> Vec<i64> {
-    v.get("acks")
-        .and_then(|a| a.get("acknowledged"))
-        .and_then(Value::as_array)
-        .map(|ids| {
-            ids.iter()
-                .filter_map(|x| x.as_str().and_then(message_number))
-                .collect()
-        })
-        .unwrap_or_default()
+/// The ids a poll's `ack` acknowledged; what it did not (stale, not
+/// found, pending) are errors of the run.
+fn acked_in_poll(v: &Value, errors: &mut Errors) -> Vec<i64> {
+    let list = |key: &str| -> Vec<i64> {
+        v.get("acks")
+            .and_then(|a| a.get(key))
+            .and_then(Value::as_array)
+            .map(|ids| {
+                ids.iter()
+                    .filter_map(|x| x.as_str().and_then(message_number))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for key in ["stale", "not_found", "pending"] {
+        for id in list(key) {
+            errors.add("phone_inbox ack", key, &format!("msg_{id}"));
+        }
+    }
+    list("acknowledged")
 }
 
 /// The numeric part of a message id (`msg_123`).
@@ -220,7 +229,7 @@ pub async fn hot(
                     Ok(v) if poller => {
                         let at = Instant::now();
                         if !pending.is_empty() {
-                            out.acked_ids.extend(acked_in_poll(&v));
+                            out.acked_ids.extend(acked_in_poll(&v, &mut out.errors));
                             pending.clear();
                         }
                         let ms = polled(&v);

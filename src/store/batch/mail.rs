@@ -7,7 +7,7 @@
 
 use super::{
     PendingWakes, Write,
-    poll::{POLLERS, QueuedPoll, acks, polls},
+    poll::{POLLERS, QueuedPoll, polls},
     send::{
         NOTIFY_SQL, QueuedSend, SENDERS, SendOutcome, WAKE_SQL, copy_key, sends, waiting_among,
     },
@@ -467,9 +467,6 @@ fn mail_batch_sql(parts: Parts) -> String {
                 .to_owned(),
         );
         ctes.push(polls(parts.leases, parts.acks));
-        if parts.acks {
-            ctes.push(acks());
-        }
         callers.push(POLLERS);
         let columns = polled_message_columns("me.name");
         rows.push(format!(

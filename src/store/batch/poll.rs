@@ -49,16 +49,20 @@ pub struct Lease {
 /// `leases`: whether the statement is for batches with lease polls. Without
 /// it, `lease_taken` and `buried` are left out: two updates of `messages`
 /// that read polls never run, but whose plan nodes every execution set up.
-/// `acks`: whether some lease polls acknowledge first (see [`acks`]).
+/// `acks`: whether some lease polls acknowledge first (see [`ack_ctes`]).
 pub(super) fn polls(leases: bool, acks: bool) -> String {
     let caller = caller_by_token("r.token", "r.claimed");
     let mut available = available_to("i.agent");
-    if acks {
-        // A message acknowledged in this statement is not handed out by
-        // it too (a lease that just ended, acknowledged late): one
-        // statement cannot update a row twice.
-        available.push_str(" AND m.id <> ALL ($26::bigint[])");
-    }
+    let ack_ctes = if acks {
+        // A message this statement acknowledges is not handed out by it
+        // too (a lease that just ended, acknowledged late): the pick would
+        // not skip the statement's own lock, and one statement cannot
+        // update a row twice. Hashed: one probe per row visited.
+        available.push_str(" AND m.id NOT IN (SELECT id FROM ack_locked)");
+        format!("{},", ack_ctes())
+    } else {
+        String::new()
+    };
     let taken = if leases {
         format!(
             "lease_taken AS (
@@ -90,6 +94,7 @@ pub(super) fn polls(leases: bool, acks: bool) -> String {
                  SELECT id, name, last_seen_at FROM agents
                  WHERE {caller}
                  OFFSET 0) a),
+         {ack_ctes}
          inboxes AS MATERIALIZED (
              SELECT id AS agent, sum(lim)::bigint AS total FROM me GROUP BY id),
          pool AS MATERIALIZED (
@@ -137,26 +142,32 @@ pub(super) fn polls(leases: bool, acks: bool) -> String {
 pub(super) const POLLERS: &str = "SELECT id, last_seen_at FROM me";
 
 /// The acknowledgements of the polls' CTEs (phone_inbox's `ack`), after
-/// `me`: `areq` (poll `ord`, message id, the delivery a receipt names,
-/// `n` its place) from `$25`-`$27`. `ack_locked` locks the callers' own
-/// messages among them, in id order, skipping rows another transaction
-/// holds: the batch never waits on a lock for an acknowledgement (those
-/// come back undecided, and the caller acknowledges them alone, as
-/// phone_ack does). `acked` acknowledges the locked ones whose delivery
+/// `me` and before the picks, which leave out what they lock: `areq`
+/// (poll `ord`, message id, the delivery a receipt names, `n` its place)
+/// from `$25`-`$27`. `ack_locked` locks each poll's own messages among
+/// them (a poll names only its caller's: another agent's ids are neither
+/// locked nor left out of its picks), in id order, skipping rows another
+/// transaction holds: the batch never waits on a lock for an
+/// acknowledgement (those come back undecided, and the caller
+/// acknowledges them alone, as phone_ack does). `FOR NO KEY UPDATE`, as
+/// an update that changes no key takes: a reply's foreign-key check on
+/// the row does not wait for it. `acked` acknowledges the locked ones whose delivery
 /// is still the receipt's; already acknowledged rows take the update too,
 /// unchanged, so that one acknowledged since this statement's snapshot
 /// counts (as in `messages::ACK`). `ack_outcomes`: one row per request,
 /// numbered from 1 within its poll. Primary key throughout.
-pub(super) fn acks() -> String {
+fn ack_ctes() -> String {
     "areq AS (
          SELECT * FROM unnest($25::bigint[], $26::bigint[], $27::int[])
              WITH ORDINALITY AS r(ord, id, delivery, n)),
+     ack_mine AS MATERIALIZED (
+         SELECT r.id, me.id AS agent FROM areq r JOIN me ON me.ord = r.ord),
      ack_locked AS MATERIALIZED (
          SELECT m.id FROM messages m
-         WHERE m.id = ANY (ARRAY(SELECT r.id FROM areq r JOIN me ON me.ord = r.ord))
-           AND m.recipient_id = ANY (ARRAY(SELECT id FROM me))
+         WHERE m.id = ANY (ARRAY(SELECT id FROM ack_mine))
+           AND (m.id, m.recipient_id) IN (SELECT id, agent FROM ack_mine)
          ORDER BY m.id
-         FOR UPDATE SKIP LOCKED),
+         FOR NO KEY UPDATE SKIP LOCKED),
      acked AS (
          UPDATE messages m
          SET acked_at = coalesce(m.acked_at, now()), read_at = coalesce(m.read_at, now()),

@@ -1,7 +1,8 @@
 //! `hot`: a popular inbox, the shape of a shared work queue. One recipient
 //! written to by c/2 senders and polled by c/2 pollers at once (no pause
 //! after an empty poll), in read mode and in lease mode (each poll that
-//! returned messages followed by one `phone_ack`), at 1 and 3 replicas and
+//! returned messages followed by one `phone_ack`, or acknowledged by the
+//! worker's next poll), at 1 and 3 replicas and
 //! c = 16 and 64; each shape against pgbench running a script of the same
 //! shape. Ratio = (sent + delivered)/s of the server ÷ the same of pgbench,
 //! both counted in the database. After each run a drain empties the inbox
@@ -110,7 +111,7 @@ impl HotBase {
 
 /// The popular inbox: one recipient, written to by many senders and
 /// polled by many pollers at once (read mode, then lease mode with one
-/// `phone_ack` per poll), at 1 and 3 replicas and 16 and 64 connections,
+/// `phone_ack` per poll, then with the acknowledgements in the next poll), at 1 and 3 replicas and 16 and 64 connections,
 /// each shape against a pgbench run of the same shape on the same
 /// database (at 1 replica, right before the server's run); then a fixed
 /// rate at half the read mode's peak on 1 replica. Every run has a
