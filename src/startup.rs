@@ -9,7 +9,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     config::Config,
-    domain::{Phone, limits::Limits, messages::UNREAD_COUNT_CAP, webhook::Resolver},
+    domain::{
+        Phone,
+        limits::Limits,
+        messages::{ANSWER_BYTES_MAX, UNREAD_COUNT_CAP},
+        webhook::Resolver,
+    },
     http::{self, serve::ConnectionLimits},
     store::{self, Store},
 };
@@ -46,6 +51,7 @@ impl Application {
         let store = Store::open(
             &config.store,
             UNREAD_COUNT_CAP,
+            ANSWER_BYTES_MAX,
             config.quotas,
             stopping.clone(),
         )?;

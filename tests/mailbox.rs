@@ -700,6 +700,68 @@ async fn unread_remaining_is_capped_at_one_hundred() {
     app.stop().await;
 }
 
+/// A poll that takes mail stops at 64 KiB of text: always one message,
+/// then each while those before it hold less. What it leaves stays
+/// unread (or unleased) for the next poll, and the text says why the
+/// answer is short. Without it, a hundred messages of 64 KiB were one
+/// 13 MB answer, marked read, that no model reads whole.
+#[tokio::test]
+async fn a_poll_stops_at_its_byte_budget_and_leaves_the_rest_for_the_next() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let bob = register(&c, "bob", "B", "p").await;
+    let big = |i: usize| format!("{i}{}", "x".repeat(30_000));
+    for i in 0..5 {
+        ok(
+            &c,
+            "phone_send",
+            alice.with(json!({"to": "bob", "body": big(i)})),
+        )
+        .await;
+    }
+    let bodies = |v: &Value| -> Vec<String> {
+        v["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["body"].as_str().unwrap()[..1].to_owned())
+            .collect()
+    };
+    // 30 kB each: the third starts below 64 KiB, the fourth would not.
+    let first = call(&c, "phone_inbox", bob.with(json!({"limit": 10}))).await;
+    let said = text(&first);
+    let first = first.structured_content.clone().unwrap();
+    assert_eq!(bodies(&first), ["0", "1", "2"], "{said}");
+    assert_eq!(first["unread_remaining"], 2);
+    assert!(said.contains("stopped at 64 KiB"), "{said}");
+    // In lease mode too, and the rest were never touched.
+    let leased = ok(
+        &c,
+        "phone_inbox",
+        bob.with(json!({"mode": "lease", "limit": 1})),
+    )
+    .await;
+    assert_eq!(bodies(&leased), ["3"]);
+    assert_eq!(leased["messages"][0]["delivery_count"], 1);
+    let last = call(&c, "phone_inbox", bob.with(json!({"limit": 10}))).await;
+    let said = text(&last);
+    let last = last.structured_content.clone().unwrap();
+    assert_eq!(bodies(&last), ["4"]);
+    assert_eq!(last["unread_remaining"], 0);
+    assert!(!said.contains("stopped at"), "{said}");
+    // One message alone may be as large as a body may be.
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "bob", "body": "y".repeat(64 * 1024)})),
+    )
+    .await;
+    let alone = ok(&c, "phone_inbox", bob.with(json!({}))).await;
+    assert_eq!(alone["messages"].as_array().unwrap().len(), 1);
+    app.stop().await;
+}
+
 #[tokio::test]
 async fn four_concurrent_pollers_get_every_message_exactly_once() {
     let app = spawn_app().await;

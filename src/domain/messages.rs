@@ -19,6 +19,13 @@ pub use crate::store::rows::{Delivery, Message, Sent as OutboxEntry};
 pub const INBOX_LIMIT_MAX: u32 = 100;
 /// `unread_remaining` counts at most this many, so a poll never scans a backlog.
 pub const UNREAD_COUNT_CAP: i64 = 100;
+/// A read or lease poll stops adding messages once those it holds reach
+/// this many bytes of text (body and subject): always one, then each
+/// while those before it hold less. A hundred messages of 64 KiB would
+/// be 6.4 MB of text a model cannot read whole (Claude Code keeps a
+/// tool answer over 50,000 characters in a file, with a 2 kB preview)
+/// although they were marked read; the rest wait for the next poll.
+pub const ANSWER_BYTES_MAX: i64 = 64 * 1024;
 /// The longest wait a server allows (`PHONE_MAX_WAIT_SECS` may lower it).
 pub const WAIT_SECONDS_MAX: u32 = 25;
 pub const LEASE_SECONDS_DEFAULT: u32 = 300;

@@ -350,10 +350,14 @@ impl PhoneServer {
                     out = out.read_poll();
                 }
                 out.acks = acked.map(wire::InboxAcks::from);
-                Ok((
-                    success(&out, render::inbox(&out)),
-                    Delivered { sent: 0, read },
-                ))
+                let mut text = render::inbox(&out);
+                if read.is_some()
+                    && out.messages.len() < req.limit as usize
+                    && out.unread_remaining > 0
+                {
+                    text.push_str(&render::answer_full(messages::ANSWER_BYTES_MAX));
+                }
+                Ok((success(&out, text), Delivered { sent: 0, read }))
             }
             tools::ACK => {
                 let args = Args::new(tool, arguments, tools::ACK_ARGS)?;

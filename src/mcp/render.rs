@@ -144,6 +144,14 @@ pub fn inbox(r: &Inbox) -> String {
     }
 }
 
+/// Why a poll took fewer messages than asked while more wait.
+pub fn answer_full(bytes: i64) -> String {
+    format!(
+        "\nThis answer stopped at {} KiB of messages; the rest are still unread: poll again.\n",
+        bytes / 1024
+    )
+}
+
 /// What phone_inbox's `ack` did, before the poll's own answer.
 fn inbox_acks(a: &InboxAcks) -> String {
     let mut out = format!("Acknowledged {} message(s).", a.acknowledged.len());

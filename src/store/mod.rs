@@ -104,10 +104,11 @@ pub struct Store {
 impl Store {
     /// The pool (connections open lazily) and this replica's LISTEN
     /// connection, which runs until `stopping`. `unread_cap` bounds the
-    /// unread counts polls report.
+    /// unread counts polls report, `answer_bytes` the text a poll takes.
     pub fn open(
         settings: &Settings,
         unread_cap: i64,
+        answer_bytes: i64,
         quotas: Quotas,
         stopping: CancellationToken,
     ) -> Result<Self, StoreError> {
@@ -122,6 +123,7 @@ impl Store {
             batch::mail::MailWrite {
                 pool: pool.clone(),
                 cap: unread_cap,
+                answer_bytes,
                 wakes: batch::PendingWakes::default(),
                 wakeup: wakeup.clone(),
                 quotas,

@@ -39,6 +39,8 @@ pub(crate) struct MailWrite {
     pub pool: Pool,
     /// Bounds the unread count a poll reports.
     pub cap: i64,
+    /// Bounds the text a poll takes (see `poll::polls`).
+    pub answer_bytes: i64,
     /// Recipients of committed sends to wake: each statement checks which
     /// of them wait, as it begins after their commit.
     pub wakes: PendingWakes,
@@ -161,6 +163,7 @@ impl Write for MailWrite {
                     &ack_polls,
                     &ack_ids,
                     &ack_deliveries,
+                    &self.answer_bytes,
                 ],
             )
             .await
@@ -406,7 +409,7 @@ impl Parts {
 /// The mail statement's parameters, declared: a shape without sends or
 /// without polls does not mention theirs, and PostgreSQL could not infer
 /// their types.
-const PARAM_TYPES: [Type; 27] = [
+const PARAM_TYPES: [Type; 28] = [
     Type::BYTEA_ARRAY,  // $1 tokens of the senders
     Type::TEXT_ARRAY,   // $2 claimed names
     Type::TEXT_ARRAY,   // $3 recipient names, per copy
@@ -434,6 +437,7 @@ const PARAM_TYPES: [Type; 27] = [
     Type::INT8_ARRAY,   // $25 the poll of each acknowledgement
     Type::INT8_ARRAY,   // $26 the message each acknowledges
     Type::INT4_ARRAY,   // $27 the delivery its receipt names
+    Type::INT8,         // $28 the text a poll takes, in bytes
 ];
 
 /// The mail statement for the parts `parts` names. `$1`-`$9`, `$17`-`$24`
@@ -446,7 +450,8 @@ const PARAM_TYPES: [Type; 27] = [
 /// its generic plan (`Client::query_generic`), which knows no parameter's
 /// value; see `sends` on why the parameters are bare (all but `$14`, which
 /// `waiting_among` shares with `WAKE_SQL`, run on custom plans). `$25`-`$27`
-/// what lease polls acknowledge first (see `poll::acks`). One row per send,
+/// what lease polls acknowledge first (see `poll::ack_ctes`), `$28` the
+/// text one poll takes, in bytes. One row per send,
 /// and per poll one per message taken (or one without a message), in
 /// message order, and one per acknowledgement (`ack_state` not NULL).
 fn mail_batch_sql(parts: Parts) -> String {

@@ -32,13 +32,13 @@ pub struct Lease {
 /// all; `pool` that many of its oldest available messages, locked (SKIP
 /// LOCKED, so statements on any replica take disjoint messages) in one go
 /// per inbox, numbered; `picked` each poll's own share of its inbox's pool,
-/// in the polls' order. Polls of one inbox thus share the statement
+/// in the polls' order, cut at `$28` bytes of text. Polls of one inbox thus share the statement
 /// without locking each other's rows (a transaction does not skip its own
 /// locks: one lock request per inbox). `read_taken` marks read polls' shares
 /// read, `lease_taken` leases the others', `buried` ends messages already
 /// leased `max_deliveries` times; `waiting` counts each inbox's available
 /// mail before the statement (`$13` caps it beyond what was asked; only
-/// when the polls took all they asked for) and what its polls took.
+/// when the pool is full) and what its polls took.
 ///
 /// Lookups are LATERAL with OFFSET 0: one index probe per poll whatever the
 /// planner thinks of the arrays. Updates find their rows by primary key
@@ -98,20 +98,31 @@ pub(super) fn polls(leases: bool, acks: bool) -> String {
          inboxes AS MATERIALIZED (
              SELECT id AS agent, sum(lim)::bigint AS total FROM me GROUP BY id),
          pool AS MATERIALIZED (
-             SELECT i.agent, p.id, p.delivery_count,
+             SELECT i.agent, p.id, p.delivery_count, p.bytes,
                     row_number() OVER (PARTITION BY i.agent ORDER BY p.id) AS n
              FROM inboxes i
              CROSS JOIN LATERAL (
-                 SELECT m.id, m.delivery_count FROM messages m WHERE {available}
+                 -- The sizes from the values' headers: no body is read.
+                 SELECT m.id, m.delivery_count,
+                        octet_length(m.body) + coalesce(octet_length(m.subject), 0) AS bytes
+                 FROM messages m WHERE {available}
                  ORDER BY {INBOX_ORDER} LIMIT i.total FOR UPDATE SKIP LOCKED) p),
          shares AS (
              SELECT me.ord, me.id AS agent, me.lim, me.lease_secs, me.max_deliveries,
                     coalesce(sum(me.lim) OVER (PARTITION BY me.id ORDER BY me.ord
                                                ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS skip
              FROM me),
+         -- Each poll's share, up to the answer's byte budget ($28): the
+         -- first message always, then each one while those before it
+         -- hold less. The rest stay as they were, for the next poll.
          picked AS MATERIALIZED (
-             SELECT s.ord, s.lease_secs, s.max_deliveries, p.id, p.delivery_count
-             FROM shares s JOIN pool p ON p.agent = s.agent AND p.n > s.skip AND p.n <= s.skip + s.lim),
+             SELECT x.ord, x.lease_secs, x.max_deliveries, x.id, x.delivery_count
+             FROM (SELECT s.ord, s.lease_secs, s.max_deliveries, p.id, p.delivery_count,
+                          sum(p.bytes) OVER (PARTITION BY s.ord ORDER BY p.n
+                                             ROWS UNBOUNDED PRECEDING) - p.bytes AS before
+                   FROM shares s
+                   JOIN pool p ON p.agent = s.agent AND p.n > s.skip AND p.n <= s.skip + s.lim) x
+             WHERE x.before < $28),
          read_taken AS (
              UPDATE messages m SET read_at = now(), leased_until = NULL,
                                    delivery_count = m.delivery_count + 1
@@ -128,13 +139,16 @@ pub(super) fn polls(leases: bool, acks: bool) -> String {
                     -- second walk of the inbox's unread entries (read
                     -- ones not yet vacuumed included: the walk visits
                     -- each one's row).
-                    CASE WHEN t.taken < i.total THEN t.taken
+                    CASE WHEN t.pooled < i.total THEN t.pooled
                          ELSE (SELECT count(*) FROM (
                                    SELECT 1 FROM messages m WHERE {available}
                                    ORDER BY {INBOX_ORDER} LIMIT i.total + $13) w) END AS n,
-                    t.taken
+                    k.taken
              FROM inboxes i
-             CROSS JOIN LATERAL (SELECT count(*) AS taken FROM pool p WHERE p.agent = i.agent) t)"
+             CROSS JOIN LATERAL (SELECT count(*) AS pooled FROM pool p WHERE p.agent = i.agent) t
+             CROSS JOIN LATERAL (
+                 SELECT count(*) AS taken FROM picked k JOIN me ON me.ord = k.ord
+                 WHERE me.id = i.agent) k)"
     )
 }
 
