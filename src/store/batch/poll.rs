@@ -116,8 +116,8 @@ pub(super) fn polls(leases: bool, acks: bool) -> String {
          -- first message always, then each one while those before it
          -- hold less. The rest stay as they were, for the next poll.
          picked AS MATERIALIZED (
-             SELECT x.ord, x.lease_secs, x.max_deliveries, x.id, x.delivery_count
-             FROM (SELECT s.ord, s.lease_secs, s.max_deliveries, p.id, p.delivery_count,
+             SELECT x.ord, x.agent, x.lease_secs, x.max_deliveries, x.id, x.delivery_count
+             FROM (SELECT s.ord, s.agent, s.lease_secs, s.max_deliveries, p.id, p.delivery_count,
                           sum(p.bytes) OVER (PARTITION BY s.ord ORDER BY p.n
                                              ROWS UNBOUNDED PRECEDING) - p.bytes AS before
                    FROM shares s
@@ -143,12 +143,11 @@ pub(super) fn polls(leases: bool, acks: bool) -> String {
                          ELSE (SELECT count(*) FROM (
                                    SELECT 1 FROM messages m WHERE {available}
                                    ORDER BY {INBOX_ORDER} LIMIT i.total + $13) w) END AS n,
-                    k.taken
+                    coalesce(k.taken, 0) AS taken
              FROM inboxes i
              CROSS JOIN LATERAL (SELECT count(*) AS pooled FROM pool p WHERE p.agent = i.agent) t
-             CROSS JOIN LATERAL (
-                 SELECT count(*) AS taken FROM picked k JOIN me ON me.ord = k.ord
-                 WHERE me.id = i.agent) k)"
+             LEFT JOIN (SELECT agent, count(*) AS taken FROM picked GROUP BY agent) k
+                 ON k.agent = i.agent)"
     )
 }
 
