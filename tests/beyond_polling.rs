@@ -137,6 +137,58 @@ async fn a_waiting_poll_on_one_replica_wakes_for_a_send_on_another() {
     one.stop().await;
 }
 
+/// A poll that stops at its byte budget held the rest of the inbox locked
+/// while it ran, and a poll of that inbox elsewhere may have skipped it and
+/// gone to wait: it is woken as for new mail, not left to its deadline.
+#[tokio::test]
+async fn a_poll_that_stops_at_its_budget_wakes_the_inboxs_waiting_polls() {
+    let one = spawn_app().await;
+    let two = spawn_app_on(&one.database_url, &[]).await;
+    let c1 = one.client().await;
+    let c2 = two.client().await;
+    let a = register(&c1, "alice", "A", "p").await;
+    let b = register(&c1, "bob", "B", "p").await;
+    for i in 0..3 {
+        ok(
+            &c1,
+            "phone_send",
+            a.with(json!({"to": "bob", "body": format!("{i}{}", "x".repeat(20_000))})),
+        )
+        .await;
+    }
+    // The mail is there but held: a waiting poll finds nothing and sleeps.
+    let db = one.db().await;
+    let holder = one.db().await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    holder
+        .execute("SELECT id FROM messages FOR UPDATE", &[])
+        .await
+        .unwrap();
+    let waiting = {
+        let args = b.with(json!({"wait_seconds": 20}));
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let out = ok(&c2, "phone_inbox", args).await;
+            (out, started.elapsed())
+        })
+    };
+    wait_until(
+        &db,
+        "the poll waits",
+        "SELECT count(*) > 0 FROM inbox_waiters",
+    )
+    .await;
+    holder.batch_execute("COMMIT").await.unwrap();
+    // A poll on the other replica takes two and stops at its budget.
+    let taken = ok(&c1, "phone_inbox", b.with(json!({"limit": 10}))).await;
+    assert_eq!(taken["messages"].as_array().unwrap().len(), 2, "{taken}");
+    let (out, elapsed) = waiting.await.unwrap();
+    assert_eq!(out["messages"].as_array().unwrap().len(), 1, "{out}");
+    assert!(elapsed < Duration::from_secs(15), "woke after {elapsed:?}");
+    two.stop().await;
+    one.stop().await;
+}
+
 #[tokio::test]
 async fn leased_messages_come_back_unless_acknowledged() {
     let app = spawn_app().await;

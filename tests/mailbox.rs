@@ -700,7 +700,7 @@ async fn unread_remaining_is_capped_at_one_hundred() {
     app.stop().await;
 }
 
-/// A poll that takes mail stops at 64 KiB of text: always one message,
+/// A poll that takes mail stops at 32 KiB of text: always one message,
 /// then each while those before it hold less. What it leaves stays
 /// unread (or unleased) for the next poll, and the text says why the
 /// answer is short. Without it, a hundred messages of 64 KiB were one
@@ -711,16 +711,15 @@ async fn a_poll_stops_at_its_byte_budget_and_leaves_the_rest_for_the_next() {
     let c = app.client().await;
     let alice = register(&c, "alice", "A", "p").await;
     let bob = register(&c, "bob", "B", "p").await;
-    let big = |i: usize| format!("{i}{}", "x".repeat(30_000));
+    let send = |body: String| {
+        let args = alice.with(json!({"to": "bob", "body": body}));
+        let c = &c;
+        async move { ok(c, "phone_send", args).await }
+    };
     for i in 0..5 {
-        ok(
-            &c,
-            "phone_send",
-            alice.with(json!({"to": "bob", "body": big(i)})),
-        )
-        .await;
+        send(format!("{i}{}", "x".repeat(20_000))).await;
     }
-    let bodies = |v: &Value| -> Vec<String> {
+    let firsts = |v: &Value| -> Vec<String> {
         v["messages"]
             .as_array()
             .unwrap()
@@ -728,37 +727,52 @@ async fn a_poll_stops_at_its_byte_budget_and_leaves_the_rest_for_the_next() {
             .map(|m| m["body"].as_str().unwrap()[..1].to_owned())
             .collect()
     };
-    // 30 kB each: the third starts below 64 KiB, the fourth would not.
-    let first = call(&c, "phone_inbox", bob.with(json!({"limit": 10}))).await;
-    let said = text(&first);
-    let first = first.structured_content.clone().unwrap();
-    assert_eq!(bodies(&first), ["0", "1", "2"], "{said}");
-    assert_eq!(first["unread_remaining"], 2);
-    assert!(said.contains("stopped at 64 KiB"), "{said}");
-    // In lease mode too, and the rest were never touched.
-    let leased = ok(
-        &c,
-        "phone_inbox",
-        bob.with(json!({"mode": "lease", "limit": 1})),
-    )
-    .await;
-    assert_eq!(bodies(&leased), ["3"]);
+    let poll = |args: Value| {
+        let args = bob.with(args);
+        let c = &c;
+        async move {
+            let called = call(c, "phone_inbox", args).await;
+            (called.structured_content.clone().unwrap(), text(&called))
+        }
+    };
+    // 20 kB each: the second starts below 32 KiB, the third would not.
+    let (first, said) = poll(json!({"limit": 10})).await;
+    assert_eq!(firsts(&first), ["0", "1"], "{said}");
+    assert_eq!(first["unread_remaining"], 3);
+    assert!(said.contains("stops here, past 32 KiB"), "{said}");
+    // In lease mode too; what the reads left was never touched.
+    let (leased, said) = poll(json!({"mode": "lease", "limit": 10})).await;
+    assert_eq!(firsts(&leased), ["2", "3"], "{said}");
     assert_eq!(leased["messages"][0]["delivery_count"], 1);
-    let last = call(&c, "phone_inbox", bob.with(json!({"limit": 10}))).await;
-    let said = text(&last);
-    let last = last.structured_content.clone().unwrap();
-    assert_eq!(bodies(&last), ["4"]);
+    assert_eq!(leased["unread_remaining"], 1);
+    assert!(said.contains("stops here"), "{said}");
+    let (last, said) = poll(json!({"limit": 10})).await;
+    assert_eq!(firsts(&last), ["4"]);
     assert_eq!(last["unread_remaining"], 0);
-    assert!(!said.contains("stopped at"), "{said}");
-    // One message alone may be as large as a body may be.
-    ok(
-        &c,
-        "phone_send",
-        alice.with(json!({"to": "bob", "body": "y".repeat(64 * 1024)})),
-    )
-    .await;
-    let alone = ok(&c, "phone_inbox", bob.with(json!({}))).await;
-    assert_eq!(alone["messages"].as_array().unwrap().len(), 1);
+    assert!(!said.contains("stops here"), "{said}");
+
+    // One message alone may be as large as a body may be; the next waits.
+    send("b".repeat(64 * 1024)).await;
+    send("small".into()).await;
+    let (alone, said) = poll(json!({"mode": "lease", "limit": 10})).await;
+    assert_eq!(firsts(&alone), ["b"], "{said}");
+    assert_eq!(alone["unread_remaining"], 1);
+    // A message that dies in a poll (leased too often) is not in its answer
+    // and takes none of its budget: the small one behind it comes.
+    app.db()
+        .await
+        .batch_execute("UPDATE messages SET leased_until = now() - interval '1 second' WHERE leased_until IS NOT NULL")
+        .await
+        .unwrap();
+    let (after, said) = poll(json!({"mode": "lease", "limit": 10, "max_deliveries": 1})).await;
+    let bodies: Vec<&str> = after["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["body"].as_str().unwrap())
+        .collect();
+    assert!(bodies.contains(&"small"), "{said}");
+    assert!(!said.contains("stops here"), "{said}");
     app.stop().await;
 }
 

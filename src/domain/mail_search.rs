@@ -156,6 +156,7 @@ impl Phone {
                 messages,
                 unread_remaining: found.waiting.clamp(0, UNREAD_COUNT_CAP),
                 acked: None,
+                full: false,
             },
             next_cursor,
         })

@@ -23,9 +23,10 @@ pub const UNREAD_COUNT_CAP: i64 = 100;
 /// this many bytes of text (body and subject): always one, then each
 /// while those before it hold less. A hundred messages of 64 KiB would
 /// be 6.4 MB of text a model cannot read whole (Claude Code keeps a
-/// tool answer over 50,000 characters in a file, with a 2 kB preview)
+/// tool answer over 50,000 characters in a file, with a 2 kB preview,
+/// and the answer carries its text twice: content and structured)
 /// although they were marked read; the rest wait for the next poll.
-pub const ANSWER_BYTES_MAX: i64 = 64 * 1024;
+pub const ANSWER_BYTES_MAX: i64 = 32 * 1024;
 /// The longest wait a server allows (`PHONE_MAX_WAIT_SECS` may lower it).
 pub const WAIT_SECONDS_MAX: u32 = 25;
 pub const LEASE_SECONDS_DEFAULT: u32 = 300;
@@ -178,6 +179,9 @@ pub struct Inbox {
     pub unread_remaining: i64,
     /// What the poll acknowledged first (phone_inbox's `ack`), if asked.
     pub acked: Option<Acked>,
+    /// The poll stopped at its byte budget ([`ANSWER_BYTES_MAX`]) while
+    /// more mail waits.
+    pub full: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -492,6 +496,9 @@ impl Phone {
         let Some((me_id, mut inbox)) = inbox(polled, req.mode) else {
             return Ok(None);
         };
+        inbox.full = takes
+            && inbox.unread_remaining > 0
+            && store::rows::text_bytes(&inbox.messages) >= ANSWER_BYTES_MAX;
         if !acks.is_empty() {
             inbox.acked = Some(self.settle_acks(creds, acks, outcomes).await?);
         }
@@ -724,6 +731,7 @@ fn inbox(polled: store::Polled, mode: InboxMode) -> Option<(i64, Inbox)> {
             messages,
             unread_remaining: polled.waiting.clamp(0, UNREAD_COUNT_CAP),
             acked: None,
+            full: false,
         },
     ))
 }

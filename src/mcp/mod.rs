@@ -338,6 +338,7 @@ impl PhoneServer {
                 let call = auth::call(context);
                 let mut inbox = phone.inbox_acking(&creds, req, &acks, &call).await?;
                 let acked = inbox.acked.take();
+                let full = inbox.full;
                 auth::record_agent(&creds);
                 let n = inbox.messages.len() as u64;
                 let read = match req.mode {
@@ -351,10 +352,7 @@ impl PhoneServer {
                 }
                 out.acks = acked.map(wire::InboxAcks::from);
                 let mut text = render::inbox(&out);
-                if read.is_some()
-                    && out.messages.len() < req.limit as usize
-                    && out.unread_remaining > 0
-                {
+                if full {
                     text.push_str(&render::answer_full(messages::ANSWER_BYTES_MAX));
                 }
                 Ok((success(&out, text), Delivered { sent: 0, read }))

@@ -147,7 +147,7 @@ pub fn inbox(r: &Inbox) -> String {
 /// Why a poll took fewer messages than asked while more wait.
 pub fn answer_full(bytes: i64) -> String {
     format!(
-        "\nThis answer stopped at {} KiB of messages; the rest are still unread: poll again.\n",
+        "\nThis answer stops here, past {} KiB of messages; the rest are still unread: poll again.\n",
         bytes / 1024
     )
 }

@@ -224,6 +224,19 @@ impl Write for MailWrite {
                 }
             }
         }
+        // A poll that stopped at its byte budget held the rest of its
+        // inbox's mail locked while it ran: polls of that inbox on other
+        // connections skipped it and may have gone to wait. Wake them as
+        // for new mail.
+        for outcome in &done {
+            if let MailDone::Polled(polled) = outcome
+                && polled.waiting > 0
+                && crate::store::rows::text_bytes(&polled.messages) >= self.answer_bytes
+                && let Some(agent) = polled.me_id
+            {
+                stored_for.push(agent);
+            }
+        }
         self.wakes.add(stored_for);
         if hooked {
             // This replica's webhook worker looks at once (any replica's

@@ -114,15 +114,22 @@ pub(super) fn polls(leases: bool, acks: bool) -> String {
              FROM me),
          -- Each poll's share, up to the answer's byte budget ($28): the
          -- first message always, then each one while those before it
-         -- hold less. The rest stay as they were, for the next poll.
+         -- hold less. A message that dies here (leased too often) is
+         -- not in the answer: it neither counts nor is cut. The rest
+         -- stay as they were, for the next poll.
          picked AS MATERIALIZED (
              SELECT x.ord, x.agent, x.lease_secs, x.max_deliveries, x.id, x.delivery_count
-             FROM (SELECT s.ord, s.agent, s.lease_secs, s.max_deliveries, p.id, p.delivery_count,
-                          sum(p.bytes) OVER (PARTITION BY s.ord ORDER BY p.n
-                                             ROWS UNBOUNDED PRECEDING) - p.bytes AS before
-                   FROM shares s
-                   JOIN pool p ON p.agent = s.agent AND p.n > s.skip AND p.n <= s.skip + s.lim) x
-             WHERE x.before < $28),
+             FROM (SELECT y.*, sum(y.shown) OVER (PARTITION BY y.ord ORDER BY y.n
+                                                  ROWS UNBOUNDED PRECEDING) - y.shown AS before
+                   FROM (SELECT s.ord, s.agent, s.lease_secs, s.max_deliveries, p.id,
+                                p.delivery_count, p.n,
+                                CASE WHEN s.lease_secs IS NOT NULL
+                                          AND p.delivery_count >= s.max_deliveries THEN 0
+                                     ELSE p.bytes END AS shown
+                         FROM shares s
+                         JOIN pool p ON p.agent = s.agent
+                                    AND p.n > s.skip AND p.n <= s.skip + s.lim) y) x
+             WHERE x.before < $28 OR x.shown = 0),
          read_taken AS (
              UPDATE messages m SET read_at = now(), leased_until = NULL,
                                    delivery_count = m.delivery_count + 1
