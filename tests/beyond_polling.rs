@@ -591,19 +591,7 @@ async fn a_late_acknowledgement_in_a_poll_is_not_handed_out_by_that_poll() {
 /// take every message exactly once, and acknowledge each once.
 #[tokio::test]
 async fn workers_acknowledging_in_their_next_poll_take_each_message_once() {
-    let one = spawn_app().await;
-    let two = spawn_app_on(&one.database_url, &[]).await;
-    let c = one.client().await;
-    let a = register(&c, "alice", "A", "p").await;
-    let b = register(&c, "bob", "B", "p").await;
-    for i in 0..120 {
-        ok(
-            &c,
-            "phone_send",
-            a.with(json!({"to": "bob", "body": format!("task {i}")})),
-        )
-        .await;
-    }
+    let (one, two, b) = two_replicas_and_tasks_for_bob(120).await;
     let mut workers = Vec::new();
     for i in 0..6 {
         let client = if i % 2 == 0 {
@@ -731,14 +719,15 @@ async fn a_message_leased_too_often_dies_and_stays() {
     app.stop().await;
 }
 
-#[tokio::test]
-async fn concurrent_lease_holders_on_two_replicas_never_share_a_message() {
+/// Two replicas of one database, and `tasks` messages from alice waiting
+/// in bob's inbox.
+async fn two_replicas_and_tasks_for_bob(tasks: usize) -> (TestApp, TestApp, Agent) {
     let one = spawn_app().await;
     let two = spawn_app_on(&one.database_url, &[]).await;
     let c = one.client().await;
     let a = register(&c, "alice", "A", "p").await;
     let b = register(&c, "bob", "B", "p").await;
-    for i in 0..120 {
+    for i in 0..tasks {
         ok(
             &c,
             "phone_send",
@@ -746,6 +735,12 @@ async fn concurrent_lease_holders_on_two_replicas_never_share_a_message() {
         )
         .await;
     }
+    (one, two, b)
+}
+
+#[tokio::test]
+async fn concurrent_lease_holders_on_two_replicas_never_share_a_message() {
+    let (one, two, b) = two_replicas_and_tasks_for_bob(120).await;
     let mut workers = Vec::new();
     for i in 0..6 {
         let client = if i % 2 == 0 {

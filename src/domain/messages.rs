@@ -496,9 +496,6 @@ impl Phone {
         let Some((me_id, mut inbox)) = inbox(polled, req.mode) else {
             return Ok(None);
         };
-        inbox.full = takes
-            && inbox.unread_remaining > 0
-            && store::rows::text_bytes(&inbox.messages) >= ANSWER_BYTES_MAX;
         if !acks.is_empty() {
             inbox.acked = Some(self.settle_acks(creds, acks, outcomes).await?);
         }
@@ -731,7 +728,7 @@ fn inbox(polled: store::Polled, mode: InboxMode) -> Option<(i64, Inbox)> {
             messages,
             unread_remaining: polled.waiting.clamp(0, UNREAD_COUNT_CAP),
             acked: None,
-            full: false,
+            full: polled.full,
         },
     ))
 }

@@ -154,14 +154,7 @@ pub fn answer_full(bytes: i64) -> String {
 
 /// What phone_inbox's `ack` did, before the poll's own answer.
 fn inbox_acks(a: &InboxAcks) -> String {
-    let mut out = format!("Acknowledged {} message(s).", a.acknowledged.len());
-    if !a.not_found.is_empty() {
-        let _ = write!(
-            out,
-            " Not messages addressed to you: {}.",
-            a.not_found.join(", ")
-        );
-    }
+    let mut out = acknowledged(&a.acknowledged, &a.not_found);
     if !a.stale.is_empty() {
         let _ = write!(
             out,
@@ -277,12 +270,17 @@ fn messages(out: &mut String, list: &[Message], mark: &str, show_to: bool) {
 }
 
 pub fn acked(r: &Acked) -> String {
-    let mut out = format!("Acknowledged {} message(s).", r.acknowledged.len());
-    if !r.not_found.is_empty() {
+    acknowledged(&r.acknowledged, &r.not_found)
+}
+
+/// What phone_ack, or phone_inbox's `ack`, acknowledged.
+fn acknowledged(acknowledged: &[String], not_found: &[String]) -> String {
+    let mut out = format!("Acknowledged {} message(s).", acknowledged.len());
+    if !not_found.is_empty() {
         let _ = write!(
             out,
             " Not messages addressed to you: {}.",
-            r.not_found.join(", ")
+            not_found.join(", ")
         );
     }
     out

@@ -28,6 +28,8 @@ pub struct Polled {
     /// `None` where the message was locked by another transaction, and
     /// the statement left it undecided rather than wait.
     pub acks: Vec<Option<AckOutcome>>,
+    /// The poll stopped at its byte budget while more mail waits.
+    pub full: bool,
 }
 
 impl Polled {

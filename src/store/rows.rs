@@ -157,12 +157,3 @@ impl Sent {
 pub(super) fn others(names: Option<Vec<String>>) -> Option<Vec<String>> {
     names.filter(|n| !n.is_empty())
 }
-
-/// The text of `messages` in bytes, as a poll's byte budget counts it:
-/// bodies and subjects.
-pub fn text_bytes(messages: &[Message]) -> i64 {
-    messages
-        .iter()
-        .map(|m| (m.body.len() + m.subject.as_deref().map_or(0, str::len)) as i64)
-        .sum()
-}

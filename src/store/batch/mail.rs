@@ -228,12 +228,13 @@ impl Write for MailWrite {
         // inbox's mail locked while it ran: polls of that inbox on other
         // connections skipped it and may have gone to wait. Wake them as
         // for new mail.
-        for outcome in &done {
+        for outcome in &mut done {
             if let MailDone::Polled(polled) = outcome
                 && polled.waiting > 0
-                && crate::store::rows::text_bytes(&polled.messages) >= self.answer_bytes
+                && text_bytes(&polled.messages) >= self.answer_bytes
                 && let Some(agent) = polled.me_id
             {
+                polled.full = true;
                 stored_for.push(agent);
             }
         }
@@ -330,6 +331,15 @@ impl<'a> Copies<'a> {
         }
         copies
     }
+}
+
+/// The text of `messages` in bytes, as a poll's byte budget counts it:
+/// bodies and subjects.
+fn text_bytes(messages: &[crate::store::rows::Message]) -> i64 {
+    messages
+        .iter()
+        .map(|m| (m.body.len() + m.subject.as_deref().map_or(0, str::len)) as i64)
+        .sum()
 }
 
 /// Notifies every replica that mail for `agents` (who wait) arrived.
