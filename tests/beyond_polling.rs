@@ -504,6 +504,26 @@ async fn a_lease_poll_acknowledges_what_the_worker_handled_before_taking_more() 
     app.stop().await;
 }
 
+/// A long poll that acknowledges reports its acknowledgements even when it
+/// waited and came back with other mail, or with none.
+#[tokio::test]
+async fn a_waiting_lease_poll_still_reports_what_it_acknowledged() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let bob = register(&c, "bob", "B", "p").await;
+    let (id, receipt) = sent_and_leased(&c, &alice, &bob, "job").await;
+    let waited = ok(
+        &c,
+        "phone_inbox",
+        bob.with(json!({"mode": "lease", "wait_seconds": 1, "ack": [receipt]})),
+    )
+    .await;
+    assert_eq!(ids(&waited), Vec::<String>::new(), "{waited}");
+    assert_eq!(waited["acks"]["acknowledged"], json!([id]), "{waited}");
+    app.stop().await;
+}
+
 /// An acknowledgement carried by a poll never holds the poll's batch on a
 /// row another transaction has locked: the batch takes the new mail and
 /// commits, and only that acknowledgement waits, on a statement of its
