@@ -155,14 +155,16 @@ pub async fn webhook_states(
     ))
 }
 
-/// Refused sends (`refused_sends`) of the agents named, since `since`.
+/// Refused sends (`refused_sends`) of the agents named, since `since`: the
+/// table keeps one row per sender, recipient, reason and hour with a count
+/// of its refusals (`hits`, migration V11), so the refusals are its sum.
 pub async fn refused_since(
     db: &Client,
     senders: &[String],
     since: chrono::DateTime<chrono::Utc>,
 ) -> Result<i64, String> {
     db.query_one(
-        "SELECT count(*) FROM refused_sends r JOIN agents a ON a.id = r.sender_id
+        "SELECT coalesce(sum(r.hits), 0)::bigint FROM refused_sends r JOIN agents a ON a.id = r.sender_id
          WHERE a.name = ANY($1) AND r.at >= $2",
         &[&senders, &since],
     )

@@ -38,7 +38,7 @@ pub(crate) struct AbRun {
     /// Answers inside the window: stored, refused by the policy.
     pub(crate) ok: u64,
     pub(crate) refused: u64,
-    /// Answers over the whole run, and `refused_sends` rows of the run.
+    /// Answers over the whole run, and the refusals `refused_sends` counted.
     pub(crate) ok_total: u64,
     pub(crate) refused_total: u64,
     refused_db: i64,
@@ -71,7 +71,7 @@ impl AbRun {
         cpu_s / (self.ok + self.refused).max(1) as f64 * 1e6
     }
     /// The database holds what the answers said: every stored answer a
-    /// message, every refusal a `refused_sends` row.
+    /// message, every refusal counted in `refused_sends`.
     pub(crate) fn consistent(&self) -> bool {
         self.all_sent == self.ok_total as i64 && self.refused_db == self.refused_total as i64
     }
@@ -361,7 +361,7 @@ pub(crate) fn ab_row(x: &AbRun, base: f64) -> String {
             format!("yes ({} + {} refused)", x.all_sent, x.refused_db)
         } else {
             format!(
-                "**no**: {} stored, {} answered; {} refusal rows, {} refused answers",
+                "**no**: {} stored, {} answered; {} refusals counted, {} refused answers",
                 x.all_sent, x.ok_total, x.refused_db, x.refused_total
             )
         },

@@ -3,7 +3,7 @@
 //! block 50 others, alternated over rounds (`ab`); then once (c) to agents
 //! that allow only half of the senders: every send of the other half must
 //! be refused, none of the contacts', and the database must hold exactly
-//! the answered sends and one `refused_sends` row per refusal.
+//! the answered sends and every refusal counted in `refused_sends`.
 
 use std::{
     fmt::Write as _,
@@ -260,7 +260,7 @@ pub(crate) fn section(w: &mut String, x: &PolicyReport, opts: &Opts, mode: &Mode
     );
     let _ = writeln!(
         w,
-        "1 replica (PHONE_POOL_SIZE={}, the server's defaults otherwise), its own database; {AB_SENDERS} senders, {} open recipients, {} + {} recipients with policies and {POLICY_BLOCKS} agents to block, bulk-inserted with known tokens; then each policy recipient set up with one `phone_settings {{contact_policy: \"contacts\", allow: [...], block: [the {POLICY_BLOCKS}]}}` over MCP ({} connections, {:.1} s; each answer checked for the policy and the counts): for (b) all {AB_SENDERS} senders allowed, for (c) the 8 at even positions. The policy, the block list and the contact are decided inside the send's group-commit statement (one `contacts` probe per send, for every recipient, open or not). Same closed loop as the webhook comparison ({AB_SENDERS} senders, each to the next recipient of its kind; each run after marking all mail read, `VACUUM (ANALYZE)`, `CHECKPOINT`; {:.1} s warm-up, {:.1} s measured): (a) and (b) alternated, {} rounds, then (c) once. A refused send is a tool error (the same words for a block and a policy); it is counted apart, not as an error. `stored = answered`: messages stored = sends answered with an id, and `refused_sends` rows = refused answers, over the whole run. The other columns and the headline ratio as in section 9.\n",
+        "1 replica (PHONE_POOL_SIZE={}, the server's defaults otherwise), its own database; {AB_SENDERS} senders, {} open recipients, {} + {} recipients with policies and {POLICY_BLOCKS} agents to block, bulk-inserted with known tokens; then each policy recipient set up with one `phone_settings {{contact_policy: \"contacts\", allow: [...], block: [the {POLICY_BLOCKS}]}}` over MCP ({} connections, {:.1} s; each answer checked for the policy and the counts): for (b) all {AB_SENDERS} senders allowed, for (c) the 8 at even positions. The policy, the block list and the contact are decided inside the send's group-commit statement (one `contacts` probe per send, for every recipient, open or not). Same closed loop as the webhook comparison ({AB_SENDERS} senders, each to the next recipient of its kind; each run after marking all mail read, `VACUUM (ANALYZE)`, `CHECKPOINT`; {:.1} s warm-up, {:.1} s measured): (a) and (b) alternated, {} rounds, then (c) once. A refused send is a tool error (the same words for a block and a policy); it is counted apart, not as an error. `stored = answered`: messages stored = sends answered with an id, and the refusals `refused_sends` counts (its `hits`) = refused answers, over the whole run. The other columns and the headline ratio as in section 9.\n",
         opts.pool_size,
         x.agents,
         x.agents,
@@ -297,7 +297,7 @@ pub(crate) fn section(w: &mut String, x: &PolicyReport, opts: &Opts, mode: &Mode
     if let Some(s) = x.runs.iter().find_map(|r| r.split.as_ref()) {
         let _ = writeln!(
             w,
-            "\n(c), by sender over the whole run: the contacts had {} sends stored and {} refused (expected 0); the others {} stored (expected 0) and {} refused. The database: {} messages from the others, {} `refused_sends` rows of theirs (expected = their refused answers), {} of the contacts'. **{}**.",
+            "\n(c), by sender over the whole run: the contacts had {} sends stored and {} refused (expected 0); the others {} stored (expected 0) and {} refused. The database: {} messages from the others, {} refusals of theirs counted in `refused_sends` (expected = their refused answers), {} of the contacts'. **{}**.",
             s.contacts.0,
             s.contacts.1,
             s.others.0,
