@@ -52,7 +52,7 @@ clean-data: clean
 bench:
 	@PHONE_BENCH_COMMAND="make bench $(ARGS)" bench/run.sh $(ARGS)
 
-## bench-quick: the same at smaller sizes (the committed bench/RESULTS.md is one: 203 s after the build); same as make bench ARGS=--quick
+## bench-quick: the same at smaller sizes (the committed bench/RESULTS.md opens with one: every phase, 401 s after the build); same as make bench ARGS=--quick
 bench-quick:
 	@PHONE_BENCH_COMMAND="make bench-quick $(ARGS)" bench/run.sh --quick $(ARGS)
 

@@ -158,6 +158,9 @@ pub async fn webhook_states(
 /// Refused sends (`refused_sends`) of the agents named, since `since`: the
 /// table keeps one row per sender, recipient, reason and hour with a count
 /// of its refusals (`hits`, migration V11), so the refusals are its sum.
+/// A row counts whole if it was hit since `since` (a hit sets `at`): its
+/// earlier hits in the same hour count too, so the callers count senders
+/// that were refused nothing before `since` (each phase's own database).
 pub async fn refused_since(
     db: &Client,
     senders: &[String],
