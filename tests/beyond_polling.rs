@@ -18,6 +18,15 @@ fn ids(v: &Value) -> Vec<String> {
         .collect()
 }
 
+/// A long poll started in the background: its answer and how long it took.
+fn poll_in_background(client: Client, args: Value) -> tokio::task::JoinHandle<(Value, Duration)> {
+    tokio::spawn(async move {
+        let started = Instant::now();
+        let out = ok(&client, "phone_inbox", args).await;
+        (out, started.elapsed())
+    })
+}
+
 /// A finished long poll removes its waiter row (just after answering).
 async fn assert_no_waiters_left(db: &tokio_postgres::Client) {
     let mut waiters: i64 = -1;
@@ -49,15 +58,7 @@ async fn a_send_in_flight_while_the_poll_registers_still_wakes_it() {
     let (lock, sending) =
         send_held_by_a_row_lock(&app, &a, a.with(json!({"to": "bob", "body": "in flight"}))).await;
     let watcher = app.db().await;
-    let waiting = {
-        let c = app.client().await;
-        let args = b.with(json!({"wait_seconds": 20}));
-        tokio::spawn(async move {
-            let started = Instant::now();
-            let out = ok(&c, "phone_inbox", args).await;
-            (out, started.elapsed())
-        })
-    };
+    let waiting = poll_in_background(app.client().await, b.with(json!({"wait_seconds": 20})));
     wait_until(
         &watcher,
         "the poll is registered",
@@ -92,14 +93,7 @@ async fn a_waiting_poll_on_one_replica_wakes_for_a_send_on_another() {
     let db = one.db().await;
     assert_no_waiters_left(&db).await;
 
-    let waiting = {
-        let b_args = b.with(json!({"wait_seconds": 20}));
-        tokio::spawn(async move {
-            let started = Instant::now();
-            let out = ok(&c1, "phone_inbox", b_args).await;
-            (out, started.elapsed())
-        })
-    };
+    let waiting = poll_in_background(c1, b.with(json!({"wait_seconds": 20})));
     // Send once the poll is registered as a waiter.
     for _ in 0..100 {
         let n: i64 = db
@@ -164,14 +158,7 @@ async fn a_poll_that_stops_at_its_budget_wakes_the_inboxs_waiting_polls() {
         .execute("SELECT id FROM messages FOR UPDATE", &[])
         .await
         .unwrap();
-    let waiting = {
-        let args = b.with(json!({"wait_seconds": 20}));
-        tokio::spawn(async move {
-            let started = Instant::now();
-            let out = ok(&c2, "phone_inbox", args).await;
-            (out, started.elapsed())
-        })
-    };
+    let waiting = poll_in_background(c2, b.with(json!({"wait_seconds": 20})));
     wait_until(
         &db,
         "the poll waits",
