@@ -245,9 +245,11 @@ async fn a_full_inbox_still_hears_from_those_its_owner_knows() {
 
 /// Quotas set to 0 are off, and their bookkeeping with them: no hourly
 /// count, no record of who wrote to whom, no refusal, and mail beyond
-/// what the smallest quotas would allow gets through. The mail statement
-/// keeps every quota part in its one plan and skips those that are off by
-/// their parameters at run time, so a broken skip would show here.
+/// what the smallest quotas would allow gets through. With every quota
+/// off, the mail statements hold none of their parts, so the sends pay
+/// nothing for them (a part is set up on every execution, run or not).
+/// A single send and a group send run two shapes: only the
+/// group send's (several recipients) looks for earlier copies.
 #[tokio::test]
 async fn quotas_set_to_zero_are_off_and_keep_no_bookkeeping() {
     let app = spawn_app_with(&[
@@ -291,5 +293,23 @@ async fn quotas_set_to_zero_are_off_and_keep_no_bookkeeping() {
     }
     let got = ok(&c, "phone_inbox", one.with(json!({"limit": 10}))).await;
     assert_eq!(got["messages"].as_array().unwrap().len(), 4, "{got}");
+    let db = app.db().await;
+    let mut sends: Vec<(bool, bool)> = statements_like(&db, "WITH woken AS%")
+        .await
+        .iter()
+        .filter(|x| x.calls > 0 && x.query.contains("INSERT INTO messages"))
+        .map(|x| {
+            (
+                x.query.contains("send_counts") || x.query.contains("correspondents"),
+                x.query.contains("ON CONFLICT (sender_id, idempotency_key)"),
+            )
+        })
+        .collect();
+    sends.sort();
+    assert_eq!(
+        sends,
+        [(false, false), (false, true)],
+        "(quota parts, looks for earlier copies) of the send statements that ran"
+    );
     app.stop().await;
 }

@@ -177,13 +177,20 @@ pub(super) static NOTIFY_SQL: std::sync::LazyLock<String> = std::sync::LazyLock:
 /// filters on the parameters). Indexes: token, names, `contacts` and
 /// `correspondents` primary keys, `correspondents_recent_idx`,
 /// `messages_unread_idx`, `send_counts` primary key.
-pub(super) fn sends() -> String {
+///
+/// Parts a batch cannot use are left out, not skipped: a plan's nodes are
+/// set up on every execution whether they run or not. `keyed`: some send
+/// carries an idempotency key or several recipients; without, `stored`
+/// takes each copy as it is and the insert has no ON CONFLICT. `quotas`:
+/// some quota is on; without, `counted`, `base`, `verdict`, `hour_counted`
+/// and `met` are left out, and `decided` is `judged`.
+pub(super) fn sends(keyed: bool, quotas: bool) -> String {
     let caller = caller_by_token("r.token", "r.claimed");
     let backlog = available_to("c.recipient_id");
     // Bare parameters: the statement runs only its generic plan
     // (`Client::query_generic`), which knows no parameter's value, so the
-    // quota parts stay in it and are skipped at run time (one-time
-    // filters). They were sub-selects (InitPlans) while custom plans were
+    // parts of quotas that are off (when another is on) stay in it and are
+    // skipped at run time (one-time filters). They were sub-selects (InitPlans) while custom plans were
     // made: a custom plan folded away the parts of quotas that were off,
     // looked cheaper than the generic one, and the statement was planned
     // again on every execution (~3 ms a batch). As sub-selects they were 54
@@ -196,7 +203,7 @@ pub(super) fn sends() -> String {
     let per_sender = "$21::int";
     let backlog_max = "$22::int";
     let words = stored_words("r.subject", "r.body");
-    format!(
+    let mut ctes = vec![format!(
         "
     sreq AS (
         SELECT * FROM unnest($1::bytea[], $2::text[], $4::text[], $5::text[], $6::bigint[],
@@ -252,6 +259,11 @@ pub(super) fn sends() -> String {
             WHERE rs.recipient_id IS NOT NULL AND rs.uses_contacts
               AND agent_id = rs.recipient_id AND other_id = rs.sender_id
             OFFSET 0) c ON true),
+"
+    )];
+    if quotas {
+        ctes.push(format!(
+            "
     counted AS MATERIALIZED (
         SELECT j.ord, j.sender_id, j.recipient_id, j.known,
                row_number() OVER (PARTITION BY j.sender_id ORDER BY j.ord) AS nth,
@@ -337,10 +349,29 @@ pub(super) fn sends() -> String {
                    AND ({per_hour} > 0 OR {new_per_day} > 0 OR {unread_max} > 0 OR {per_sender} > 0))
         UNION ALL
         SELECT v.ord, v.sender_id, v.recipient_id, v.refusal FROM verdict v),
+"
+        ));
+    } else {
+        // No quota is on: every copy is as the policy judged it.
+        ctes.push(
+            "
+    decided AS (SELECT ord, sender_id, recipient_id, refusal FROM judged),
+"
+            .to_owned(),
+        );
+    }
+    ctes.push(
+        "
     numbered AS (
         SELECT x.ord, nextval('messages_id_seq') AS id, x.sender_id, x.recipient_id
         FROM (SELECT ord, sender_id, recipient_id FROM decided
               WHERE recipient_id IS NOT NULL AND refusal IS NULL ORDER BY ord) x),
+"
+            .to_owned(),
+    );
+    if keyed {
+        ctes.push(
+            "
     -- Each copy as it is to be stored, by `ord`: the result reads it
     -- from here, and asks `inserted` only which ids went in (a hashed
     -- look-up). Joined to `inserted` by id instead, two CTEs the planner
@@ -393,6 +424,34 @@ pub(super) fn sends() -> String {
                   AND m.sender_id = n.sender_id AND m.idempotency_key = x.idempotency_key
                 OFFSET 0) o ON true
             WINDOW same_send AS (PARTITION BY x.sord)) g),
+"
+                .to_owned(),
+        );
+    } else {
+        // No key and one recipient per send: each copy is stored as it
+        // is, in a thread of its own unless it answers one.
+        ctes.push(
+            "
+    stored AS MATERIALIZED (
+        SELECT n.ord, n.id, n.sender_id, n.recipient_id, x.sord,
+               NULL::text AS idempotency_key, coalesce(r.thread_id, n.id) AS thread_id,
+               NULL::bigint AS group_id, NULL::bigint[] AS group_recipients
+        FROM numbered n
+        JOIN scopy x ON x.ord = n.ord
+        JOIN sreq r ON r.sord = x.sord),
+"
+            .to_owned(),
+        );
+    }
+    // Without keys no insert can conflict: none is speculative (an
+    // insert with ON CONFLICT writes and confirms each row apart).
+    let on_conflict = if keyed {
+        "ON CONFLICT (sender_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
+    } else {
+        ""
+    };
+    ctes.push(format!(
+        "
     inserted AS (
         INSERT INTO messages (id, sender_id, recipient_id, subject, body, reply_to, thread_id,
                               idempotency_key, expires_at, group_id, group_recipients, words)
@@ -403,8 +462,13 @@ pub(super) fn sends() -> String {
                CASE WHEN s.group_id IS NULL OR s.group_id = s.id THEN {words} END
         FROM stored s
         JOIN sreq r ON r.sord = s.sord
-        ON CONFLICT (sender_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+        {on_conflict}
         RETURNING id, sender_id, recipient_id),
+"
+    ));
+    if quotas {
+        ctes.push(format!(
+            "
     hour_counted AS (
         INSERT INTO send_counts AS sc (sender_id, hour_start, sends)
         SELECT sender_id, now(), count(*)
@@ -426,6 +490,11 @@ pub(super) fn sends() -> String {
         WHERE coalesce((i.sender_id, i.recipient_id) IN (
                   SELECT c.sender_id, c.recipient_id FROM counted c WHERE c.new_pair), false)
         ON CONFLICT DO NOTHING),
+"
+        ));
+    }
+    ctes.push(format!(
+        "
     refusals AS (
         INSERT INTO refused_sends AS x (sender_id, recipient_id, reason, hits, hour)
         SELECT sender_id, recipient_id, refusal, count(*),
@@ -446,7 +515,8 @@ pub(super) fn sends() -> String {
         WHERE i.recipient_id = ANY (ARRAY(SELECT recipient_id FROM resolved WHERE hooked))
         ON CONFLICT (agent_id) WHERE summary AND state = 'pending' DO NOTHING
         RETURNING agent_id)"
-    )
+    ));
+    ctes.concat()
 }
 
 /// The callers of `SENDS`, for the presence write.
