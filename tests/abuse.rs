@@ -248,8 +248,8 @@ async fn a_full_inbox_still_hears_from_those_its_owner_knows() {
 /// what the smallest quotas would allow gets through. With every quota
 /// off, the mail statements hold none of their parts, so the sends pay
 /// nothing for them (a part is set up on every execution, run or not).
-/// A single send and a group send run two shapes: only the
-/// group send's (several recipients) looks for earlier copies.
+/// A send to one without a key runs a shape of its own; only a send with
+/// a key or to several recipients looks for earlier copies.
 #[tokio::test]
 async fn quotas_set_to_zero_are_off_and_keep_no_bookkeeping() {
     let app = spawn_app_with(&[
@@ -275,6 +275,15 @@ async fn quotas_set_to_zero_are_off_and_keep_no_bookkeeping() {
     )
     .await;
     assert_eq!(app.count("SELECT count(*) FROM messages").await, 5);
+    // A key on a send to one: the shape that looks for earlier copies.
+    let keyed = sender.with(json!({"to": "one", "body": "once", "idempotency_key": "k-1"}));
+    let first = ok(&c, "phone_send", keyed.clone()).await;
+    let again = ok(&c, "phone_send", keyed).await;
+    assert_eq!(
+        (&first["replayed"], &again["replayed"]),
+        (&json!(false), &json!(true))
+    );
+    assert_eq!(first["id"], again["id"]);
     for (table, rows) in [
         (
             "send_counts",
@@ -292,7 +301,7 @@ async fn quotas_set_to_zero_are_off_and_keep_no_bookkeeping() {
         assert_eq!(rows, 0, "{table} holds {rows} rows with every quota off");
     }
     let got = ok(&c, "phone_inbox", one.with(json!({"limit": 10}))).await;
-    assert_eq!(got["messages"].as_array().unwrap().len(), 4, "{got}");
+    assert_eq!(got["messages"].as_array().unwrap().len(), 5, "{got}");
     let db = app.db().await;
     let mut sends: Vec<(bool, bool)> = statements_like(&db, "WITH woken AS%")
         .await

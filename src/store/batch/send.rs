@@ -434,7 +434,9 @@ pub(super) fn sends(keyed: bool, quotas: bool) -> String {
             "
     stored AS MATERIALIZED (
         SELECT n.ord, n.id, n.sender_id, n.recipient_id, x.sord,
-               NULL::text AS idempotency_key, coalesce(r.thread_id, n.id) AS thread_id,
+               -- NULL here; a key that got here would fail the insert (no
+               -- ON CONFLICT), not store a retry twice.
+               x.idempotency_key, coalesce(r.thread_id, n.id) AS thread_id,
                NULL::bigint AS group_id, NULL::bigint[] AS group_recipients
         FROM numbered n
         JOIN scopy x ON x.ord = n.ord
