@@ -41,7 +41,7 @@ use std::{sync::Arc, time::Duration};
 use tokio_util::sync::CancellationToken;
 
 pub use batch::{
-    mail::Quotas,
+    mail::{Quotas, every_mail_statement},
     poll::{Lease, QueuedPoll},
     send::{Addressee, CopyOutcome, QueuedSend, SendOutcome, Stored, copy_key},
 };

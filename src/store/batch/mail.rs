@@ -455,6 +455,36 @@ impl Parts {
     }
 }
 
+/// Every mail statement a batch can run, with its parameters' types, for a
+/// test that runs each: a shape whose statement fails would not fail its
+/// calls (a refused batch runs again call by call, in shapes of one), only
+/// make them slower.
+pub fn every_mail_statement() -> Vec<(&'static str, &'static [Type])> {
+    let mut shapes = Vec::new();
+    for bits in 0..64u8 {
+        let bit = |n: u8| bits & (1 << n) != 0;
+        let parts = Parts {
+            sends: bit(0),
+            polls: bit(1),
+            leases: bit(2),
+            acks: bit(3),
+            keyed: bit(4),
+            quotas: bit(5),
+        };
+        // The shapes `Parts::of` can give: some calls; lease and
+        // acknowledgement bits only with polls (acknowledgements come with
+        // lease polls, but nothing here relies on it); key and quota bits
+        // only with sends.
+        let none = !parts.sends && !parts.polls;
+        let stray_poll_bits = !parts.polls && (parts.leases || parts.acks);
+        let stray_send_bits = !parts.sends && (parts.keyed || parts.quotas);
+        if !(none || stray_poll_bits || stray_send_bits) {
+            shapes.push((parts.sql(), &PARAM_TYPES[..]));
+        }
+    }
+    shapes
+}
+
 /// The mail statement's parameters, declared: a shape without sends or
 /// without polls does not mention theirs, and PostgreSQL could not infer
 /// their types.

@@ -367,7 +367,7 @@ pub(super) fn sends(keyed: bool, quotas: bool) -> String {
         FROM (SELECT ord, sender_id, recipient_id FROM decided
               WHERE recipient_id IS NOT NULL AND refusal IS NULL ORDER BY ord) x),
 "
-            .to_owned(),
+        .to_owned(),
     );
     if keyed {
         ctes.push(
@@ -425,7 +425,7 @@ pub(super) fn sends(keyed: bool, quotas: bool) -> String {
                 OFFSET 0) o ON true
             WINDOW same_send AS (PARTITION BY x.sord)) g),
 "
-                .to_owned(),
+            .to_owned(),
         );
     } else {
         // No key and one recipient per send: each copy is stored as it
