@@ -248,8 +248,9 @@ async fn a_full_inbox_still_hears_from_those_its_owner_knows() {
 /// what the smallest quotas would allow gets through. With every quota
 /// off, the mail statements hold none of their parts, so the sends pay
 /// nothing for them (a part is set up on every execution, run or not).
-/// A send to one without a key runs a shape of its own; only a send with
-/// a key or to several recipients looks for earlier copies.
+/// A send to one without a key, a group send and a send with a key each
+/// run a shape of their own: only the last inserts speculatively (skips
+/// what conflicts), and the first stores its copy as it is.
 #[tokio::test]
 async fn quotas_set_to_zero_are_off_and_keep_no_bookkeeping() {
     let app = spawn_app_with(&[
@@ -303,13 +304,14 @@ async fn quotas_set_to_zero_are_off_and_keep_no_bookkeeping() {
     let got = ok(&c, "phone_inbox", one.with(json!({"limit": 10}))).await;
     assert_eq!(got["messages"].as_array().unwrap().len(), 5, "{got}");
     let db = app.db().await;
-    let mut sends: Vec<(bool, bool)> = statements_like(&db, "WITH woken AS%")
+    let mut sends: Vec<(bool, bool, bool)> = statements_like(&db, "WITH woken AS%")
         .await
         .iter()
         .filter(|x| x.calls > 0 && x.query.contains("INSERT INTO messages"))
         .map(|x| {
             (
                 x.query.contains("send_counts") || x.query.contains("correspondents"),
+                x.query.contains("WINDOW same_send"),
                 x.query.contains("ON CONFLICT (sender_id, idempotency_key)"),
             )
         })
@@ -317,8 +319,12 @@ async fn quotas_set_to_zero_are_off_and_keep_no_bookkeeping() {
     sends.sort();
     assert_eq!(
         sends,
-        [(false, false), (false, true)],
-        "(quota parts, looks for earlier copies) of the send statements that ran"
+        [
+            (false, false, false),
+            (false, true, false),
+            (false, true, true)
+        ],
+        "(quota parts, copies stored as a group, inserts that skip conflicts) of the send statements that ran"
     );
     app.stop().await;
 }

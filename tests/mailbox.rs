@@ -1431,8 +1431,8 @@ async fn a_batch_runs_only_the_parts_of_the_mail_statement_its_calls_use() {
 }
 
 /// Every shape of the mail statement a batch can run prepares, plans and
-/// does its work: a send stored, a poll answered, an acknowledgement
-/// decided. A broken shape would not fail its calls (a refused batch runs
+/// does its work: a send's copies stored (two where the shape takes
+/// groups), a poll answered, an acknowledgement decided. A broken shape would not fail its calls (a refused batch runs
 /// again call by call, in shapes of one), only slow them, so the usual
 /// tests, which mostly run batches of one, would not see it.
 #[tokio::test]
@@ -1442,19 +1442,32 @@ async fn every_shape_of_the_mail_statement_runs() {
     let db = app.db().await;
     let alice = register(&c, "alice", "A", "p").await;
     let bob = register(&c, "bob", "B", "p").await;
+    register(&c, "carol", "C", "p").await;
     let digest = |token: &str| Sha256::digest(token.as_bytes()).to_vec();
     let shapes = phone::store::every_mail_statement();
-    // Sends: none, or with or without keys and quotas (5); polls: none, or
-    // with or without leases and acknowledgements (5); not neither.
-    assert_eq!(shapes.len(), 5 * 5 - 1);
+    // Sends: none, or with or without keys, groups and quotas (9); polls:
+    // none, or with or without leases and acknowledgements (5); not neither.
+    assert_eq!(shapes.len(), 9 * 5 - 1);
     for (n, (sql, types)) in shapes.into_iter().enumerate() {
         let (sends, polls) = (sql.contains("sreq AS"), sql.contains("preq AS"));
         let (leases, acks) = (sql.contains("lease_taken AS"), sql.contains("areq AS"));
         let keyed = sql.contains("ON CONFLICT (sender_id, idempotency_key)");
         let quotas = sql.contains("hour_counted AS");
+        // A send to bob, and to carol too where the shape takes groups.
+        let windowed = sql.contains("WINDOW same_send");
+        let to: &[&str] = match (sends, windowed) {
+            (false, _) => &[],
+            (true, false) => &["bob"],
+            (true, true) => &["bob", "carol"],
+        };
         let one = |yes: bool| usize::from(yes);
         let quota = if quotas { 1000 } else { 0 };
-        let key = keyed.then(|| format!("shape-{n}"));
+        let keys: Vec<Option<String>> = to
+            .iter()
+            .map(|name| {
+                keyed.then(|| phone::store::copy_key(&format!("shape-{n}"), name, to.len()))
+            })
+            .collect();
         let stmt = db.prepare_typed(sql, types).await.unwrap_or_else(|e| {
             panic!("shape {n} (sends {sends}, polls {polls}, leases {leases}, acks {acks}, keyed {keyed}, quotas {quotas}): {e}")
         });
@@ -1464,13 +1477,13 @@ async fn every_shape_of_the_mail_statement_runs() {
                 &[
                     &vec![digest(&alice.token); one(sends)],
                     &vec![None::<String>; one(sends)],
-                    &vec!["bob"; one(sends)],
+                    &to.to_vec(),
                     &vec![None::<String>; one(sends)],
                     &vec![format!("shape {n}"); one(sends)],
                     &vec![None::<i64>; one(sends)],
                     &vec![None::<i64>; one(sends)],
-                    &vec![key; one(sends)],
-                    &vec![None::<i64>; one(sends)],
+                    &keys,
+                    &vec![None::<i64>; to.len()],
                     &vec![digest(&bob.token); one(polls)],
                     &vec![None::<String>; one(polls)],
                     &vec![10_i64; one(polls)],
@@ -1478,14 +1491,14 @@ async fn every_shape_of_the_mail_statement_runs() {
                     &Vec::<i64>::new(),
                     &vec![leases.then_some(60.0_f64); one(polls)],
                     &vec![leases.then_some(5_i32); one(polls)],
-                    &vec![false; one(sends)],
+                    &vec![false; to.len()],
                     &quota,
                     &quota,
                     &quota,
                     &quota,
                     &100_i32,
                     &vec![None::<f64>; one(sends)],
-                    &vec![1_i64; one(sends)],
+                    &vec![1_i64; to.len()],
                     &vec![1_i64; one(acks)],
                     &vec![0_i64; one(acks)],
                     &vec![None::<i32>; one(acks)],
@@ -1494,10 +1507,13 @@ async fn every_shape_of_the_mail_statement_runs() {
             )
             .await
             .unwrap_or_else(|e| panic!("shape {n}: {e}"));
-        let stored = rows.iter().any(|r| {
-            r.get::<_, Option<bool>>("is_poll") == Some(false)
-                && r.get::<_, Option<i64>>("id").is_some()
-        });
+        let stored = rows
+            .iter()
+            .filter(|r| {
+                r.get::<_, Option<bool>>("is_poll") == Some(false)
+                    && r.get::<_, Option<i64>>("id").is_some()
+            })
+            .count();
         let polled = rows.iter().any(|r| {
             r.get::<_, Option<bool>>("is_poll") == Some(true)
                 && r.get::<_, Option<i64>>("me_id").is_some()
@@ -1507,8 +1523,8 @@ async fn every_shape_of_the_mail_statement_runs() {
             .any(|r| r.get::<_, Option<&str>>("ack_state") == Some("not_found"));
         assert_eq!(
             (stored, polled, acked),
-            (sends, polls, acks),
-            "shape {n}: (a send stored, a poll answered, an acknowledgement decided)"
+            (to.len(), polls, acks),
+            "shape {n}: (copies stored, a poll answered, an acknowledgement decided)"
         );
     }
     app.stop().await;

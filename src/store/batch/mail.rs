@@ -415,9 +415,14 @@ pub(crate) struct Parts {
     pub leases: bool,
     /// Lease polls that acknowledge first.
     pub acks: bool,
-    /// Sends with an idempotency key or to several recipients: their copies
-    /// may find earlier ones (a retry) and form groups. Without, each copy
-    /// is stored as it is, and no insert is speculative.
+    /// Sends to several recipients: their copies form groups. With
+    /// `keyed`, each copy is stored as the group and its earlier copies
+    /// decide; without either, as it is.
+    pub grouped: bool,
+    /// Sends with an idempotency key: a copy may find its earlier one (a
+    /// retry), and the insert skips what conflicts. Without, no insert is
+    /// speculative (an insert with ON CONFLICT writes and confirms each row
+    /// apart).
     pub keyed: bool,
     /// A quota is on (the server's settings): without, the statement holds
     /// none of their parts (~19% of a batch of 4 sends and 4 polls in
@@ -434,23 +439,23 @@ impl Parts {
             polls: !polls.is_empty(),
             leases: polls.iter().any(|poll| poll.lease.is_some()),
             acks: polls.iter().any(|poll| !poll.acks.is_empty()),
-            keyed: sends
-                .iter()
-                .any(|send| send.idempotency_key.is_some() || send.to.len() > 1),
+            grouped: sends.iter().any(|send| send.to.len() > 1),
+            keyed: sends.iter().any(|send| send.idempotency_key.is_some()),
             quotas: quotas && !sends.is_empty(),
         }
     }
 
     /// The statement for this shape, built on first use.
     pub(crate) fn sql(self) -> &'static str {
-        static SHAPES: [std::sync::OnceLock<String>; 64] =
-            [const { std::sync::OnceLock::new() }; 64];
+        static SHAPES: [std::sync::OnceLock<String>; 128] =
+            [const { std::sync::OnceLock::new() }; 128];
         let at = usize::from(self.sends)
             | usize::from(self.polls) << 1
             | usize::from(self.leases) << 2
             | usize::from(self.acks) << 3
             | usize::from(self.keyed) << 4
-            | usize::from(self.quotas) << 5;
+            | usize::from(self.quotas) << 5
+            | usize::from(self.grouped) << 6;
         SHAPES[at].get_or_init(|| mail_batch_sql(self))
     }
 }
@@ -461,7 +466,7 @@ impl Parts {
 /// make them slower.
 pub fn every_mail_statement() -> Vec<(&'static str, &'static [Type])> {
     let mut shapes = Vec::new();
-    for bits in 0..64u8 {
+    for bits in 0..128u8 {
         let bit = |n: u8| bits & (1 << n) != 0;
         let parts = Parts {
             sends: bit(0),
@@ -470,14 +475,15 @@ pub fn every_mail_statement() -> Vec<(&'static str, &'static [Type])> {
             acks: bit(3),
             keyed: bit(4),
             quotas: bit(5),
+            grouped: bit(6),
         };
         // The shapes `Parts::of` can give: some calls; lease and
         // acknowledgement bits only with polls (acknowledgements come with
-        // lease polls, but nothing here relies on it); key and quota bits
-        // only with sends.
+        // lease polls, but nothing here relies on it); key, group and quota
+        // bits only with sends.
         let none = !parts.sends && !parts.polls;
         let stray_poll_bits = !parts.polls && (parts.leases || parts.acks);
-        let stray_send_bits = !parts.sends && (parts.keyed || parts.quotas);
+        let stray_send_bits = !parts.sends && (parts.keyed || parts.quotas || parts.grouped);
         if !(none || stray_poll_bits || stray_send_bits) {
             shapes.push((parts.sql(), &PARAM_TYPES[..]));
         }
@@ -540,7 +546,7 @@ fn mail_batch_sql(parts: Parts) -> String {
     let mut callers = Vec::new();
     let mut rows = Vec::new();
     if parts.sends {
-        ctes.push(sends(parts.keyed, parts.quotas));
+        ctes.push(sends(parts.keyed, parts.grouped, parts.quotas));
         callers.push(SENDERS);
     }
     if parts.polls {

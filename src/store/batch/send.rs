@@ -180,11 +180,12 @@ pub(super) static NOTIFY_SQL: std::sync::LazyLock<String> = std::sync::LazyLock:
 ///
 /// Parts a batch cannot use are left out, not skipped: a plan's nodes are
 /// set up on every execution whether they run or not. `keyed`: some send
-/// carries an idempotency key or several recipients; without, `stored`
-/// takes each copy as it is and the insert has no ON CONFLICT. `quotas`:
+/// carries an idempotency key (without, the insert has no ON CONFLICT);
+/// `grouped`: some send has several recipients; without either, `stored`
+/// takes each copy as it is. `quotas`:
 /// some quota is on; without, `counted`, `base`, `verdict`, `hour_counted`
 /// and `met` are left out, and `decided` is `judged`.
-pub(super) fn sends(keyed: bool, quotas: bool) -> String {
+pub(super) fn sends(keyed: bool, grouped: bool, quotas: bool) -> String {
     let caller = caller_by_token("r.token", "r.claimed");
     let backlog = available_to("c.recipient_id");
     // Bare parameters: the statement runs only its generic plan
@@ -369,7 +370,7 @@ pub(super) fn sends(keyed: bool, quotas: bool) -> String {
 "
         .to_owned(),
     );
-    if keyed {
+    if keyed || grouped {
         ctes.push(
             "
     -- Each copy as it is to be stored, by `ord`: the result reads it
