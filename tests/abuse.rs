@@ -249,8 +249,8 @@ async fn a_full_inbox_still_hears_from_those_its_owner_knows() {
 /// off, the mail statements hold none of their parts, so the sends pay
 /// nothing for them (a part is set up on every execution, run or not).
 /// A send to one without a key, a group send and a send with a key each
-/// run a shape of their own: only the last inserts speculatively (skips
-/// what conflicts), and the first stores its copy as it is.
+/// run a shape of their own: only the group send's stores its copies as a
+/// group, and only the keyed send's insert skips what conflicts.
 #[tokio::test]
 async fn quotas_set_to_zero_are_off_and_keep_no_bookkeeping() {
     let app = spawn_app_with(&[
@@ -321,8 +321,8 @@ async fn quotas_set_to_zero_are_off_and_keep_no_bookkeeping() {
         sends,
         [
             (false, false, false),
-            (false, true, false),
-            (false, true, true)
+            (false, false, true),
+            (false, true, false)
         ],
         "(quota parts, copies stored as a group, inserts that skip conflicts) of the send statements that ran"
     );

@@ -1443,6 +1443,16 @@ async fn every_shape_of_the_mail_statement_runs() {
     let alice = register(&c, "alice", "A", "p").await;
     let bob = register(&c, "bob", "B", "p").await;
     register(&c, "carol", "C", "p").await;
+    let recipients: Vec<i64> = db
+        .query(
+            "SELECT id FROM agents WHERE name IN ('bob', 'carol') ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
     let digest = |token: &str| Sha256::digest(token.as_bytes()).to_vec();
     let shapes = phone::store::every_mail_statement();
     // Sends: none, or with or without keys, groups and quotas (9); polls:
@@ -1507,13 +1517,34 @@ async fn every_shape_of_the_mail_statement_runs() {
             )
             .await
             .unwrap_or_else(|e| panic!("shape {n}: {e}"));
-        let stored = rows
+        // (id, thread, group) of each copy stored, in order.
+        let copies: Vec<(i64, Option<i64>, Option<i64>)> = rows
             .iter()
-            .filter(|r| {
-                r.get::<_, Option<bool>>("is_poll") == Some(false)
-                    && r.get::<_, Option<i64>>("id").is_some()
+            .filter(|r| r.get::<_, Option<bool>>("is_poll") == Some(false))
+            .filter_map(|r| {
+                let id = r.get::<_, Option<i64>>("id")?;
+                Some((id, r.get("thread_id"), r.get("group_id")))
             })
-            .count();
+            .collect();
+        let stored = copies.len();
+        // A group's copies share the first copy's id as group and thread,
+        // and the first lists the recipients; a lone copy is its own thread.
+        if let Some(&(first, _, _)) = copies.first() {
+            let grouped = to.len() > 1;
+            for &(id, thread, group) in &copies {
+                assert_eq!(thread, Some(if grouped { first } else { id }), "shape {n}");
+                assert_eq!(group, grouped.then_some(first), "shape {n}");
+            }
+            let listed: Option<Vec<i64>> = db
+                .query_one(
+                    "SELECT group_recipients FROM messages WHERE id = $1",
+                    &[&first],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            assert_eq!(listed, grouped.then(|| recipients.clone()), "shape {n}");
+        }
         let polled = rows.iter().any(|r| {
             r.get::<_, Option<bool>>("is_poll") == Some(true)
                 && r.get::<_, Option<i64>>("me_id").is_some()

@@ -415,9 +415,9 @@ pub(crate) struct Parts {
     pub leases: bool,
     /// Lease polls that acknowledge first.
     pub acks: bool,
-    /// Sends to several recipients: their copies form groups. With
-    /// `keyed`, each copy is stored as the group and its earlier copies
-    /// decide; without either, as it is.
+    /// Sends to several recipients: their copies form groups, and with a
+    /// key, a retry's copies join the first try's group. Without, each copy
+    /// is stored as it is.
     pub grouped: bool,
     /// Sends with an idempotency key: a copy may find its earlier one (a
     /// retry), and the insert skips what conflicts. Without, no insert is

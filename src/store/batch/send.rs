@@ -181,8 +181,9 @@ pub(super) static NOTIFY_SQL: std::sync::LazyLock<String> = std::sync::LazyLock:
 /// Parts a batch cannot use are left out, not skipped: a plan's nodes are
 /// set up on every execution whether they run or not. `keyed`: some send
 /// carries an idempotency key (without, the insert has no ON CONFLICT);
-/// `grouped`: some send has several recipients; without either, `stored`
-/// takes each copy as it is. `quotas`:
+/// `grouped`: some send has several recipients (without, `stored` takes
+/// each copy as it is: only a group's copies look for earlier ones).
+/// `quotas`:
 /// some quota is on; without, `counted`, `base`, `verdict`, `hour_counted`
 /// and `met` are left out, and `decided` is `judged`.
 pub(super) fn sends(keyed: bool, grouped: bool, quotas: bool) -> String {
@@ -370,7 +371,7 @@ pub(super) fn sends(keyed: bool, grouped: bool, quotas: bool) -> String {
 "
         .to_owned(),
     );
-    if keyed || grouped {
+    if grouped {
         ctes.push(
             "
     -- Each copy as it is to be stored, by `ord`: the result reads it
@@ -429,14 +430,14 @@ pub(super) fn sends(keyed: bool, grouped: bool, quotas: bool) -> String {
             .to_owned(),
         );
     } else {
-        // No key and one recipient per send: each copy is stored as it
-        // is, in a thread of its own unless it answers one.
+        // One recipient per send: each copy is stored as it is, in a
+        // thread of its own unless it answers one.
         ctes.push(
             "
     stored AS MATERIALIZED (
         SELECT n.ord, n.id, n.sender_id, n.recipient_id, x.sord,
-               -- NULL here; a key that got here would fail the insert (no
-               -- ON CONFLICT), not store a retry twice.
+               -- A retry's copy conflicts with its first try's and is not
+               -- stored (the insert skips it when the batch has keys).
                x.idempotency_key, coalesce(r.thread_id, n.id) AS thread_id,
                NULL::bigint AS group_id, NULL::bigint[] AS group_recipients
         FROM numbered n
