@@ -183,19 +183,19 @@ pub(super) static NOTIFY_SQL: std::sync::LazyLock<String> = std::sync::LazyLock:
 /// carries an idempotency key (without, the insert has no ON CONFLICT);
 /// `grouped`: some send has several recipients (without, `stored` takes
 /// each copy as it is: only a group's copies look for earlier ones).
-/// `quotas`:
-/// some quota is on; without, `counted`, `base`, `verdict`, `hour_counted`
-/// and `met` are left out, and `decided` is `judged`.
+/// `quotas`: some quota is on; without, `counted`, `base`, `verdict`,
+/// `hour_counted` and `met` are left out, and `decided` is `judged`.
 pub(super) fn sends(keyed: bool, grouped: bool, quotas: bool) -> String {
     let caller = caller_by_token("r.token", "r.claimed");
     let backlog = available_to("c.recipient_id");
     // Bare parameters: the statement runs only its generic plan
     // (`Client::query_generic`), which knows no parameter's value, so the
     // parts of quotas that are off (when another is on) stay in it and are
-    // skipped at run time (one-time filters). They were sub-selects (InitPlans) while custom plans were
-    // made: a custom plan folded away the parts of quotas that were off,
-    // looked cheaper than the generic one, and the statement was planned
-    // again on every execution (~3 ms a batch). As sub-selects they were 54
+    // skipped at run time (one-time filters). They were sub-selects
+    // (InitPlans) while custom plans were made: a custom plan folded away
+    // the parts of quotas that were off, looked cheaper than the generic
+    // one, and the statement was planned again on every execution (~3 ms a
+    // batch). As sub-selects they were 54
     // plan nodes of their own, set up on every execution: a batch of 4
     // sends and 4 polls took 8% longer with them (pgbench,
     // bench/RESULTS.md), with the same plan otherwise.
