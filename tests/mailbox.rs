@@ -1430,6 +1430,43 @@ async fn a_batch_runs_only_the_parts_of_the_mail_statement_its_calls_use() {
     app.stop().await;
 }
 
+/// A poll hands out its messages oldest first, whatever order the
+/// statement's rows come back in (it sorts none of them).
+#[tokio::test]
+async fn a_poll_hands_out_its_messages_oldest_first() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let bob = register(&c, "bob", "B", "p").await;
+    for i in 0..5 {
+        let body = format!("note {i}");
+        ok(
+            &c,
+            "phone_send",
+            alice.with(json!({"to": "bob", "body": body})),
+        )
+        .await;
+    }
+    let bodies = |got: &Value| -> Vec<String> {
+        got["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["body"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let read = ok(&c, "phone_inbox", bob.with(json!({"limit": 3}))).await;
+    assert_eq!(bodies(&read), ["note 0", "note 1", "note 2"], "{read}");
+    let leased = ok(
+        &c,
+        "phone_inbox",
+        bob.with(json!({"limit": 3, "mode": "lease", "lease_seconds": 60})),
+    )
+    .await;
+    assert_eq!(bodies(&leased), ["note 3", "note 4"], "{leased}");
+    app.stop().await;
+}
+
 /// Every shape of the mail statement a batch can run prepares, plans and
 /// does its work: a send's copies stored (two where the shape takes
 /// groups), a poll answered, an acknowledgement decided. A broken shape would not fail its calls (a refused batch runs
