@@ -353,9 +353,16 @@ mod tests {
     /// own timeout, on no thread of a shared pool.
     #[tokio::test]
     async fn a_silent_name_server_times_out() {
-        let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        // Over TCP too: it accepts and never answers.
-        let _silent_tcp = std::net::TcpListener::bind(silent.local_addr().unwrap()).unwrap();
+        // Over TCP too, on the same port: it accepts and never answers. A
+        // port free for UDP may be taken for TCP by a test running beside
+        // this one: then another port.
+        let (silent, _silent_tcp) = (0..20)
+            .find_map(|_| {
+                let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+                let tcp = std::net::TcpListener::bind(udp.local_addr().unwrap()).ok()?;
+                Some((udp, tcp))
+            })
+            .expect("a port free for both UDP and TCP");
         let resolver = Resolver::new(
             &[silent.local_addr().unwrap()],
             std::time::Duration::from_millis(200),

@@ -235,20 +235,18 @@ impl Write for MailWrite {
                 }
             }
         }
-        // The statement returns rows in no order; a poll's messages go out
-        // in inbox order (oldest first).
         for outcome in &mut done {
-            if let MailDone::Polled(polled) = outcome {
-                polled.messages.sort_unstable_by_key(|m| m.id);
-            }
-        }
-        // A poll that stopped at its byte budget held the rest of its
-        // inbox's mail locked while it ran: polls of that inbox on other
-        // connections skipped it and may have gone to wait. Wake them as
-        // for new mail.
-        for outcome in &mut done {
-            if let MailDone::Polled(polled) = outcome
-                && polled.waiting > 0
+            let MailDone::Polled(polled) = outcome else {
+                continue;
+            };
+            // The statement returns rows in no order; a poll's messages go
+            // out in inbox order (oldest first).
+            polled.messages.sort_unstable_by_key(|m| m.id);
+            // A poll that stopped at its byte budget held the rest of its
+            // inbox's mail locked while it ran: polls of that inbox on other
+            // connections skipped it and may have gone to wait. Wake them as
+            // for new mail.
+            if polled.waiting > 0
                 && text_bytes(&polled.messages) >= self.answer_bytes
                 && let Some(agent) = polled.me_id
             {
