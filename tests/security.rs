@@ -274,6 +274,14 @@ async fn health_names_the_dependency_not_its_error_text() {
         ))
         .await
         .unwrap();
+    // A terminated backend ends a moment after the signal: until then a
+    // pooled connection still answers.
+    wait_until(
+        &admin,
+        "the database's connections have ended",
+        &format!("SELECT count(*) = 0 FROM pg_stat_activity WHERE datname = '{name}'"),
+    )
+    .await;
     let health = reqwest::get(app.url("/health")).await.unwrap();
     assert_eq!(health.status(), 503);
     let body = health.text().await.unwrap();
