@@ -776,6 +776,134 @@ async fn a_poll_stops_at_its_byte_budget_and_leaves_the_rest_for_the_next() {
     app.stop().await;
 }
 
+/// Answers that take nothing stop at the same 32 KiB of text as a poll: a
+/// peek, include_read, a thread and a search of one's mail. A thread's and
+/// a search's next page starts after the last message shown, and the text
+/// says where the rest are. Without it, a thread of a hundred 64 KiB
+/// messages was one answer of 6.4 MB of text, twice over (text and
+/// structured content).
+#[tokio::test]
+async fn answers_that_take_nothing_stop_at_the_byte_budget() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let bob = register(&c, "bob", "B", "p").await;
+    // A thread of five 20 kB messages, alice and bob in turn.
+    let long = |i: usize| format!("{i} albatross {}", "word ".repeat(4_000));
+    let first = ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "bob", "body": long(0)})),
+    )
+    .await;
+    let first = first["id"].as_str().unwrap().to_owned();
+    let mut last = first.clone();
+    for i in 1..5 {
+        let who = if i % 2 == 1 { &bob } else { &alice };
+        let sent = ok(
+            &c,
+            "phone_send",
+            who.with(json!({"reply_to": last, "body": long(i)})),
+        )
+        .await;
+        last = sent["id"].as_str().unwrap().to_owned();
+    }
+    let firsts =
+        |v: &Value| -> Vec<String> { bodies(v).iter().map(|b| b[..1].to_owned()).collect() };
+    let look = |who: &Agent, tool: &'static str, args: Value| {
+        let args = who.with(args);
+        let c = &c;
+        async move {
+            let called = call(c, tool, args).await;
+            assert_ne!(called.is_error, Some(true), "{}", text(&called));
+            (called.structured_content.clone().unwrap(), text(&called))
+        }
+    };
+
+    // Bob's inbox holds 0, 2 and 4: a peek shows two and takes nothing.
+    let (peeked, said) = look(&bob, "phone_inbox", json!({"peek": true, "limit": 10})).await;
+    assert_eq!(firsts(&peeked), ["0", "2"], "{said}");
+    assert_eq!(peeked["unread_remaining"], 3);
+    assert!(said.contains("stops here, past 32 KiB"), "{said}");
+    assert!(said.contains("a poll hands them out"), "{said}");
+    let (history, said) = look(
+        &bob,
+        "phone_inbox",
+        json!({"include_read": true, "limit": 10}),
+    )
+    .await;
+    assert_eq!(firsts(&history), ["4", "2"], "{said}");
+    assert!(said.contains("older messages are not shown"), "{said}");
+
+    // A thread, page by page: each stops at the budget.
+    let mut pages = Vec::new();
+    let mut cursor = Value::Null;
+    loop {
+        let mut args = json!({"message_id": first, "limit": 10});
+        if !cursor.is_null() {
+            args["cursor"] = cursor.clone();
+        }
+        let (page, said) = look(&alice, "phone_thread", args).await;
+        let more = !page["next_cursor"].is_null();
+        assert_eq!(said.contains("stops here"), more, "{said}");
+        pages.push(firsts(&page));
+        cursor = page["next_cursor"].clone();
+        if !more {
+            break;
+        }
+        assert!(pages.len() < 5, "the pages never end: {pages:?}");
+    }
+    assert_eq!(pages, [vec!["0", "1"], vec!["2", "3"], vec!["4"]]);
+
+    // A search of alice's mail (all five are hers, sent or received).
+    let mut found = Vec::new();
+    let mut cursor = Value::Null;
+    for _ in 0..5 {
+        let mut args = json!({"query": "albatross", "limit": 10});
+        if !cursor.is_null() {
+            args["cursor"] = cursor.clone();
+        }
+        let (page, said) = look(&alice, "phone_inbox", args).await;
+        assert!(firsts(&page).len() <= 2, "{said}");
+        found.extend(firsts(&page));
+        cursor = page["next_cursor"].clone();
+        if cursor.is_null() {
+            assert!(!said.contains("stops here"), "{said}");
+            break;
+        }
+        assert!(said.contains("stops here"), "{said}");
+    }
+    found.sort();
+    assert_eq!(found, ["0", "1", "2", "3", "4"]);
+    // Short messages are not cut: the whole page, as before.
+    let carol = register(&c, "carol", "C", "p").await;
+    for i in 0..3 {
+        ok(
+            &c,
+            "phone_send",
+            alice.with(json!({"to": "carol", "body": format!("short {i}")})),
+        )
+        .await;
+    }
+    let (peeked, said) = look(&carol, "phone_inbox", json!({"peek": true, "limit": 10})).await;
+    assert_eq!(bodies(&peeked), ["short 0", "short 1", "short 2"], "{said}");
+    assert!(!said.contains("stops here"), "{said}");
+    // Alice's outbox, newest first: its result carries the bodies.
+    let (sent, said) = look(&alice, "phone_outbox", json!({"limit": 10})).await;
+    assert_eq!(firsts(&sent), ["s", "s", "s", "4", "2"], "{said}");
+    let cursor = sent["next_cursor"].clone();
+    assert!(cursor.is_string(), "{sent}");
+    let (rest, _) = look(
+        &alice,
+        "phone_outbox",
+        json!({"limit": 10, "cursor": cursor}),
+    )
+    .await;
+    assert_eq!(firsts(&rest), ["0"]);
+    assert!(rest["next_cursor"].is_null(), "{rest}");
+    app.stop().await;
+}
+
 #[tokio::test]
 async fn four_concurrent_pollers_get_every_message_exactly_once() {
     let app = spawn_app().await;

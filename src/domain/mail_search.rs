@@ -5,7 +5,7 @@
 use base64::Engine as _;
 use chrono::{DateTime, NaiveDate, Utc};
 
-use super::messages::{Inbox, UNREAD_COUNT_CAP};
+use super::messages::{Inbox, UNREAD_COUNT_CAP, fit_answer};
 use super::types::{AgentName, InvalidInput, MessageId};
 use super::{Credentials, Phone, PhoneError};
 use crate::store::{self, mail_search::MailQuery};
@@ -141,13 +141,14 @@ impl Phone {
             return Err(self.authentication_error(creds).await);
         };
         let mut messages = found.messages;
-        let next_cursor = if messages.len() > limit as usize {
-            messages.truncate(limit as usize);
-            Some(encode_cursor(search.offset + limit))
-                .filter(|_| search.offset + limit < SEARCH_DEPTH_MAX)
-        } else {
-            None
-        };
+        let more = messages.len() > limit as usize;
+        messages.truncate(limit as usize);
+        let full = fit_answer(&mut messages, super::messages::Message::text_bytes);
+        // The next page starts after the last message shown.
+        let shown = messages.len() as u32;
+        let next_cursor = (more || full)
+            .then(|| encode_cursor(search.offset + shown))
+            .filter(|_| search.offset + shown < SEARCH_DEPTH_MAX);
         for m in &mut messages {
             m.leased_until = None;
         }
@@ -156,7 +157,7 @@ impl Phone {
                 messages,
                 unread_remaining: found.waiting.clamp(0, UNREAD_COUNT_CAP),
                 acked: None,
-                full: false,
+                full,
             },
             next_cursor,
         })

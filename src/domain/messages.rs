@@ -220,6 +220,9 @@ pub struct Thread {
     /// Oldest first.
     pub messages: Vec<Message>,
     pub next_cursor: Option<String>,
+    /// The page stopped at [`ANSWER_BYTES_MAX`] of text: the cursor
+    /// continues after its last message.
+    pub full: bool,
 }
 
 /// A keyset cursor over message ids, opaque to the agent.
@@ -253,6 +256,27 @@ fn page<T>(mut rows: Vec<T>, limit: u32, id: impl Fn(&T) -> i64) -> (Vec<T>, Opt
     } else {
         (rows, None)
     }
+}
+
+/// Keeps the messages an answer has room for, as a poll takes them: the
+/// first always, then each while those before it hold less than
+/// [`ANSWER_BYTES_MAX`] of text. Whether any was left out. For answers
+/// that take nothing (a peek, a thread, a search, the outbox): a thread of
+/// a hundred long messages was 6.4 MB of text, twice over, that no model
+/// reads.
+pub(crate) fn fit_answer<T>(messages: &mut Vec<T>, text_bytes: impl Fn(&T) -> i64) -> bool {
+    let mut before = 0;
+    let room = messages
+        .iter()
+        .take_while(|m| {
+            let fits = before < ANSWER_BYTES_MAX;
+            before += text_bytes(m);
+            fits
+        })
+        .count();
+    let cut = room < messages.len();
+    messages.truncate(room);
+    cut
 }
 
 /// Without notifications (listener reconnecting), waiters re-check this often.
@@ -615,7 +639,7 @@ impl Phone {
             return Err(PhoneError::CallerGone);
         }
         let db = self.store.db().await?;
-        Ok(store::messages::look(
+        let mut looked = store::messages::look(
             &db,
             look,
             creds.token.as_bytes(),
@@ -623,7 +647,9 @@ impl Phone {
             limit,
             UNREAD_COUNT_CAP,
         )
-        .await?)
+        .await?;
+        looked.full = fit_answer(&mut looked.messages, Message::text_bytes);
+        Ok(looked)
     }
 
     /// Acknowledges leased (or any received) messages: they will not come
@@ -678,7 +704,11 @@ impl Phone {
     ) -> Result<Outbox, PhoneError> {
         let db = self.store.db().await?;
         let rows = store::messages::outbox(&db, me.id, before, i64::from(limit) + 1).await?;
-        let (messages, next_cursor) = page(rows, limit, |m| m.id);
+        let (mut messages, mut next_cursor) = page(rows, limit, |m| m.id);
+        // Its text shows no bodies, its structured content does.
+        if fit_answer(&mut messages, OutboxEntry::text_bytes) {
+            next_cursor = messages.last().map(|m| encode_cursor(m.id));
+        }
         Ok(Outbox {
             messages,
             next_cursor,
@@ -700,7 +730,11 @@ impl Phone {
             .ok_or(PhoneError::UnknownMessage(message_id))?;
         let rows =
             store::messages::thread(&db, thread_id, me.id, after, i64::from(limit) + 1).await?;
-        let (mut messages, next_cursor) = page(rows, limit, |m| m.id);
+        let (mut messages, mut next_cursor) = page(rows, limit, |m| m.id);
+        let full = fit_answer(&mut messages, Message::text_bytes);
+        if full {
+            next_cursor = messages.last().map(|m| encode_cursor(m.id));
+        }
         for m in &mut messages {
             m.leased_until = None;
         }
@@ -708,6 +742,7 @@ impl Phone {
             thread_id: MessageId(thread_id),
             messages,
             next_cursor,
+            full,
         })
     }
 }

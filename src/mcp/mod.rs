@@ -240,8 +240,16 @@ impl PhoneServer {
         let creds = auth::credentials(args, context)?;
         let found = self.0.phone.search_mail(&creds, &search).await?;
         auth::record_agent(&creds);
+        let full = found.inbox.full;
         let out = wire::Inbox::from(found);
-        Ok((success(&out, render::found(&out)), Delivered::default()))
+        let mut text = render::found(&out);
+        if full {
+            text.push_str(&render::answer_full(
+                messages::ANSWER_BYTES_MAX,
+                render::Rest::Cursor,
+            ));
+        }
+        Ok((success(&out, text), Delivered::default()))
     }
 
     async fn dispatch(
@@ -353,7 +361,12 @@ impl PhoneServer {
                 out.acks = acked.map(wire::InboxAcks::from);
                 let mut text = render::inbox(&out);
                 if full {
-                    text.push_str(&render::answer_full(messages::ANSWER_BYTES_MAX));
+                    let rest = match req.mode {
+                        InboxMode::Read | InboxMode::Lease { .. } => render::Rest::Unread,
+                        InboxMode::Peek => render::Rest::UnreadPeeked,
+                        InboxMode::History => render::Rest::Older,
+                    };
+                    text.push_str(&render::answer_full(messages::ANSWER_BYTES_MAX, rest));
                 }
                 Ok((success(&out, text), Delivered { sent: 0, read }))
             }
@@ -389,8 +402,17 @@ impl PhoneServer {
                     .map(messages::decode_cursor)
                     .transpose()?;
                 let me = auth::authenticate(phone, &args, context).await?;
-                let out = wire::Thread::from(phone.thread(&me, message_id, limit, after).await?);
-                Ok((success(&out, render::thread(&out)), nothing()))
+                let thread = phone.thread(&me, message_id, limit, after).await?;
+                let full = thread.full;
+                let out = wire::Thread::from(thread);
+                let mut text = render::thread(&out);
+                if full {
+                    text.push_str(&render::answer_full(
+                        messages::ANSWER_BYTES_MAX,
+                        render::Rest::Cursor,
+                    ));
+                }
+                Ok((success(&out, text), nothing()))
             }
             tools::SETTINGS => {
                 let args = Args::new(tool, arguments, tools::SETTINGS_ARGS)?;

@@ -144,12 +144,31 @@ pub fn inbox(r: &Inbox) -> String {
     }
 }
 
-/// Why a poll took fewer messages than asked while more wait.
-pub fn answer_full(bytes: i64) -> String {
+/// Why an answer holds fewer messages than asked while more exist, and
+/// where the rest are.
+pub fn answer_full(bytes: i64, rest: Rest) -> String {
+    let rest = match rest {
+        Rest::Unread => "the rest are still unread: poll again",
+        Rest::UnreadPeeked => "the rest are still unread: a poll hands them out, oldest first",
+        Rest::Older => "older messages are not shown: phone_thread or a search (query) finds them",
+        Rest::Cursor => "the rest come with next_cursor (More: cursor=… above)",
+    };
     format!(
-        "\nThis answer stops here, past {} KiB of messages; the rest are still unread: poll again.\n",
+        "\nThis answer stops here, past {} KiB of messages; {rest}.\n",
         bytes / 1024
     )
+}
+
+/// Where the messages an answer had no room for are.
+pub enum Rest {
+    /// Left unread by a poll.
+    Unread,
+    /// Not shown by a peek.
+    UnreadPeeked,
+    /// Not shown by include_read (newest first).
+    Older,
+    /// On the next page.
+    Cursor,
 }
 
 /// What phone_inbox's `ack` did, before the poll's own answer.

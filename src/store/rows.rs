@@ -58,6 +58,12 @@ pub struct Message {
 }
 
 impl Message {
+    /// Its text in bytes, as an answer's byte budget counts it: body and
+    /// subject.
+    pub fn text_bytes(&self) -> i64 {
+        (self.body.len() + self.subject.as_deref().map_or(0, str::len)) as i64
+    }
+
     /// From a row with [`super::fragments::message_columns`].
     pub(super) fn from_row(row: &Row) -> Self {
         Self {
@@ -135,6 +141,11 @@ pub struct Sent {
 }
 
 impl Sent {
+    /// Its text in bytes, as [`Message::text_bytes`].
+    pub fn text_bytes(&self) -> i64 {
+        (self.body.len() + self.subject.as_deref().map_or(0, str::len)) as i64
+    }
+
     pub(super) fn from_row(row: &Row) -> Self {
         Self {
             id: row.get("id"),

@@ -349,12 +349,11 @@ impl<'a> Copies<'a> {
     }
 }
 
-/// The text of `messages` in bytes, as a poll's byte budget counts it:
-/// bodies and subjects.
+/// The text of `messages` in bytes, as a poll's byte budget counts it.
 fn text_bytes(messages: &[crate::store::rows::Message]) -> i64 {
     messages
         .iter()
-        .map(|m| (m.body.len() + m.subject.as_deref().map_or(0, str::len)) as i64)
+        .map(crate::store::rows::Message::text_bytes)
         .sum()
 }
 
