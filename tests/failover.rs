@@ -519,11 +519,7 @@ async fn a_server_that_stops_taking_writes_is_left_and_health_says_so() {
         .batch_execute("ALTER SYSTEM SET default_transaction_read_only = on")
         .await
         .unwrap();
-    admin
-        .batch_execute("SELECT pg_reload_conf()")
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    reload(&admin, "default_transaction_read_only", "on").await;
 
     let (status, body) = health(&app).await;
     assert_eq!(
@@ -579,10 +575,7 @@ async fn a_server_that_stops_taking_writes_is_left_and_health_says_so() {
         .batch_execute("ALTER SYSTEM RESET default_transaction_read_only")
         .await
         .unwrap();
-    admin
-        .batch_execute("SELECT pg_reload_conf()")
-        .await
-        .unwrap();
+    reload(&admin, "default_transaction_read_only", "off").await;
     let took = health_until(&app, Duration::from_secs(10), |s, b| {
         s == 200 && b["notifications"] == "listening"
     })
@@ -595,6 +588,23 @@ async fn a_server_that_stops_taking_writes_is_left_and_health_says_so() {
     )
     .await;
     app.stop().await;
+}
+
+/// Reloads the server's configuration and waits until `setting` is
+/// `value`: `pg_reload_conf` only signals the postmaster, which passes the
+/// reload on to every backend at once, and each applies it before its next
+/// command. Once this session shows it, the pool's connections will too.
+async fn reload(admin: &tokio_postgres::Client, setting: &str, value: &str) {
+    admin
+        .batch_execute("SELECT pg_reload_conf()")
+        .await
+        .unwrap();
+    wait_until(
+        admin,
+        &format!("{setting} is '{value}'"),
+        &format!("SELECT current_setting('{setting}') = '{value}'"),
+    )
+    .await;
 }
 
 /// `/health` asks the very thing a send needs: that a transaction can
@@ -612,15 +622,17 @@ async fn health_is_503_while_writes_cannot_commit() {
     let alice = register(&c, "alice", "A", "p").await;
     assert_eq!(health(&app).await.0, 200);
     let admin = connect(&node.url("postgres")).await;
-    let set = async |sql: &str| {
+    let set = async |sql: &str, setting: &str, value: &str| {
         admin.batch_execute(sql).await.unwrap();
-        admin
-            .batch_execute("SELECT pg_reload_conf()")
-            .await
-            .unwrap();
+        reload(&admin, setting, value).await;
     };
 
-    set("ALTER SYSTEM SET default_transaction_read_only = on").await;
+    set(
+        "ALTER SYSTEM SET default_transaction_read_only = on",
+        "default_transaction_read_only",
+        "on",
+    )
+    .await;
     // A send meets PostgreSQL's refusal (25006) on a connection of its own:
     // a failover to retry, not an internal error.
     let r = call(
@@ -640,11 +652,21 @@ async fn health_is_503_while_writes_cannot_commit() {
         s == 503 && b["database"] == "read_only"
     })
     .await;
-    set("ALTER SYSTEM RESET default_transaction_read_only").await;
+    set(
+        "ALTER SYSTEM RESET default_transaction_read_only",
+        "default_transaction_read_only",
+        "off",
+    )
+    .await;
     health_until(&app, Duration::from_secs(5), |s, _| s == 200).await;
 
     // Commits wait for a standby that does not exist.
-    set("ALTER SYSTEM SET synchronous_standby_names = 'nobody'").await;
+    set(
+        "ALTER SYSTEM SET synchronous_standby_names = 'nobody'",
+        "synchronous_standby_names",
+        "nobody",
+    )
+    .await;
     let took = health_until(&app, Duration::from_secs(3), |s, b| {
         s == 503 && b["database"] == "timed_out"
     })
@@ -657,7 +679,12 @@ async fn health_is_503_while_writes_cannot_commit() {
     )
     .await;
     assert!(text(&r).contains("temporarily unavailable"), "{}", text(&r));
-    set("ALTER SYSTEM RESET synchronous_standby_names").await;
+    set(
+        "ALTER SYSTEM RESET synchronous_standby_names",
+        "synchronous_standby_names",
+        "",
+    )
+    .await;
     health_until(&app, Duration::from_secs(5), |s, _| s == 200).await;
     // The send that timed out had committed locally and is released now:
     // its retry is a replay, not a second message.

@@ -214,21 +214,11 @@ async fn look(
     announced: &mut Announced,
     peer: &Peer<RoleServer>,
 ) -> Result<Option<tokio::time::Instant>, Ended> {
-    let out = connection
-        .call(
-            "phone_inbox",
-            json!({"peek": true, "limit": PEEK_LIMIT}),
-            Duration::ZERO,
-        )
-        .await
-        .map_err(|e| match e {
-            RemoteError::Unauthorized(c) => Ended::Stop(Stop::TokenRefused(c)),
-            other => Ended::Trouble(format!("cannot look at the inbox: {other}")),
-        })?;
-    let inbox: InboxOut = serde_json::from_value(out)
-        .map_err(|e| Ended::Trouble(format!("the server's inbox makes no sense: {e}")))?;
-    // Held until the announcements are out and remembered: another channel
-    // of the same agent waits, then finds them announced.
+    // Held from before the peek until the announcements are out and
+    // remembered: another channel of the same agent waits, then finds them
+    // announced. Taken after the peek, a channel whose peek was older than
+    // the other's announcement saved its own view over it, forgot what the
+    // other announced, and announced it again on its next look.
     let locked = match &announced.file {
         Some(memory) => match memory.lock().await {
             Ok(l) => Some(l),
@@ -242,6 +232,19 @@ async fn look(
         },
         None => None,
     };
+    let out = connection
+        .call(
+            "phone_inbox",
+            json!({"peek": true, "limit": PEEK_LIMIT}),
+            Duration::ZERO,
+        )
+        .await
+        .map_err(|e| match e {
+            RemoteError::Unauthorized(c) => Ended::Stop(Stop::TokenRefused(c)),
+            other => Ended::Trouble(format!("cannot look at the inbox: {other}")),
+        })?;
+    let inbox: InboxOut = serde_json::from_value(out)
+        .map_err(|e| Ended::Trouble(format!("the server's inbox makes no sense: {e}")))?;
     let before = match &locked {
         Some(l) => l.load(),
         None => announced.here.clone(),

@@ -261,7 +261,7 @@ fn page<T>(mut rows: Vec<T>, limit: u32, id: impl Fn(&T) -> i64) -> (Vec<T>, Opt
 /// Keeps the messages an answer has room for, as a poll takes them: the
 /// first always, then each while those before it hold less than
 /// [`ANSWER_BYTES_MAX`] of text. Whether any was left out. For answers
-/// that take nothing (a peek, a thread, a search, the outbox): a thread of
+/// that take nothing (include_read, a thread, a search, the outbox): a thread of
 /// a hundred long messages was 6.4 MB of text, twice over, that no model
 /// reads.
 pub(crate) fn fit_answer<T>(messages: &mut Vec<T>, text_bytes: impl Fn(&T) -> i64) -> bool {
@@ -648,7 +648,12 @@ impl Phone {
             UNREAD_COUNT_CAP,
         )
         .await?;
-        looked.full = fit_answer(&mut looked.messages, Message::text_bytes);
+        // A peek stays whole: the hooks and channels that wake idle agents
+        // peek for what is new among up to 100 unread messages, and a
+        // page cut by the bodies of the oldest would hide it from them.
+        if look == Look::History {
+            looked.full = fit_answer(&mut looked.messages, Message::text_bytes);
+        }
         Ok(looked)
     }
 

@@ -363,8 +363,8 @@ impl PhoneServer {
                 if full {
                     let rest = match req.mode {
                         InboxMode::Read | InboxMode::Lease { .. } => render::Rest::Unread,
-                        InboxMode::Peek => render::Rest::UnreadPeeked,
-                        InboxMode::History => render::Rest::Older,
+                        // Only include_read of the two is cut.
+                        InboxMode::Peek | InboxMode::History => render::Rest::Older,
                     };
                     text.push_str(&render::answer_full(messages::ANSWER_BYTES_MAX, rest));
                 }

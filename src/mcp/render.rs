@@ -149,7 +149,6 @@ pub fn inbox(r: &Inbox) -> String {
 pub fn answer_full(bytes: i64, rest: Rest) -> String {
     let rest = match rest {
         Rest::Unread => "the rest are still unread: poll again",
-        Rest::UnreadPeeked => "the rest are still unread: a poll hands them out, oldest first",
         Rest::Older => "older messages are not shown: phone_thread or a search (query) finds them",
         Rest::Cursor => "the rest come with next_cursor (More: cursor=… above)",
     };
@@ -163,8 +162,6 @@ pub fn answer_full(bytes: i64, rest: Rest) -> String {
 pub enum Rest {
     /// Left unread by a poll.
     Unread,
-    /// Not shown by a peek.
-    UnreadPeeked,
     /// Not shown by include_read (newest first).
     Older,
     /// On the next page.
