@@ -664,6 +664,8 @@ async fn wrong_operator_tokens_count_against_the_same_limit() {
     app.stop().await;
 }
 
+/// Its messages are 1 kB each: a page of the console is not cut at a
+/// model's 32 KiB, as phone_thread's answer is.
 #[tokio::test]
 async fn a_long_thread_pages_on_and_every_message_opens() {
     let app = spawn_app().await;
@@ -681,7 +683,7 @@ async fn a_long_thread_pages_on_and_every_message_opens() {
         .await
         .execute(
             "INSERT INTO messages (sender_id, recipient_id, body, reply_to, thread_id)
-             SELECT b.id, a.id, 'reply ' || g, $1, $1
+             SELECT b.id, a.id, repeat('words ', 170) || 'reply ' || g, $1, $1
              FROM agents a, agents b, generate_series(1, 107) g
              WHERE a.name = 'alice' AND b.name = 'bob'",
             &[&root_id],

@@ -18,8 +18,12 @@ use sha2::{Digest, Sha256};
 
 /// The most ids kept, newest first.
 pub const KEPT_MAX: usize = 2000;
-/// How long a look waits for another channel of the same agent.
-const LOCK_WAIT: Duration = Duration::from_secs(10);
+/// How long a look waits for another channel of the same agent: longer
+/// than a look holds the lock (a peek, 10 s at most, then up to three
+/// notifications of 10 s at most each), so that only a channel that hangs
+/// outside its own timeouts is passed by. One that went on unlocked saved
+/// its view over the other's, and a message was announced twice.
+const LOCK_WAIT: Duration = Duration::from_secs(45);
 
 pub struct Memory {
     file: PathBuf,

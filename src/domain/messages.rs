@@ -220,9 +220,30 @@ pub struct Thread {
     /// Oldest first.
     pub messages: Vec<Message>,
     pub next_cursor: Option<String>,
-    /// The page stopped at [`ANSWER_BYTES_MAX`] of text: the cursor
-    /// continues after its last message.
-    pub full: bool,
+}
+
+impl Thread {
+    /// Cuts the page to what a model's answer has room for
+    /// ([`fit_answer`]); the cursor then continues after its last message.
+    /// Whether it was cut. (The console shows whole pages.)
+    pub fn fit_answer(&mut self) -> bool {
+        let cut = fit_answer(&mut self.messages, Message::text_bytes);
+        if cut {
+            self.next_cursor = self.messages.last().map(|m| encode_cursor(m.id));
+        }
+        cut
+    }
+}
+
+impl Outbox {
+    /// As [`Thread::fit_answer`]: its text shows no bodies, its result does.
+    pub fn fit_answer(&mut self) -> bool {
+        let cut = fit_answer(&mut self.messages, OutboxEntry::text_bytes);
+        if cut {
+            self.next_cursor = self.messages.last().map(|m| encode_cursor(m.id));
+        }
+        cut
+    }
 }
 
 /// A keyset cursor over message ids, opaque to the agent.
@@ -261,9 +282,9 @@ fn page<T>(mut rows: Vec<T>, limit: u32, id: impl Fn(&T) -> i64) -> (Vec<T>, Opt
 /// Keeps the messages an answer has room for, as a poll takes them: the
 /// first always, then each while those before it hold less than
 /// [`ANSWER_BYTES_MAX`] of text. Whether any was left out. For answers
-/// that take nothing (include_read, a thread, a search, the outbox): a thread of
-/// a hundred long messages was 6.4 MB of text, twice over, that no model
-/// reads.
+/// that take nothing and page on with a cursor (a thread, a search, the
+/// outbox): a thread of a hundred long messages was 6.4 MB of text, twice
+/// over, that no model reads.
 pub(crate) fn fit_answer<T>(messages: &mut Vec<T>, text_bytes: impl Fn(&T) -> i64) -> bool {
     let mut before = 0;
     let room = messages
@@ -639,7 +660,7 @@ impl Phone {
             return Err(PhoneError::CallerGone);
         }
         let db = self.store.db().await?;
-        let mut looked = store::messages::look(
+        let looked = store::messages::look(
             &db,
             look,
             creds.token.as_bytes(),
@@ -648,12 +669,6 @@ impl Phone {
             UNREAD_COUNT_CAP,
         )
         .await?;
-        // A peek stays whole: the hooks and channels that wake idle agents
-        // peek for what is new among up to 100 unread messages, and a
-        // page cut by the bodies of the oldest would hide it from them.
-        if look == Look::History {
-            looked.full = fit_answer(&mut looked.messages, Message::text_bytes);
-        }
         Ok(looked)
     }
 
@@ -709,11 +724,7 @@ impl Phone {
     ) -> Result<Outbox, PhoneError> {
         let db = self.store.db().await?;
         let rows = store::messages::outbox(&db, me.id, before, i64::from(limit) + 1).await?;
-        let (mut messages, mut next_cursor) = page(rows, limit, |m| m.id);
-        // Its text shows no bodies, its structured content does.
-        if fit_answer(&mut messages, OutboxEntry::text_bytes) {
-            next_cursor = messages.last().map(|m| encode_cursor(m.id));
-        }
+        let (messages, next_cursor) = page(rows, limit, |m| m.id);
         Ok(Outbox {
             messages,
             next_cursor,
@@ -735,11 +746,7 @@ impl Phone {
             .ok_or(PhoneError::UnknownMessage(message_id))?;
         let rows =
             store::messages::thread(&db, thread_id, me.id, after, i64::from(limit) + 1).await?;
-        let (mut messages, mut next_cursor) = page(rows, limit, |m| m.id);
-        let full = fit_answer(&mut messages, Message::text_bytes);
-        if full {
-            next_cursor = messages.last().map(|m| encode_cursor(m.id));
-        }
+        let (mut messages, next_cursor) = page(rows, limit, |m| m.id);
         for m in &mut messages {
             m.leased_until = None;
         }
@@ -747,7 +754,6 @@ impl Phone {
             thread_id: MessageId(thread_id),
             messages,
             next_cursor,
-            full,
         })
     }
 }

@@ -360,13 +360,14 @@ impl PhoneServer {
                 }
                 out.acks = acked.map(wire::InboxAcks::from);
                 let mut text = render::inbox(&out);
+                // Only a poll that takes mail is cut (a peek and include_read
+                // stay whole: the hooks look among a peek's 100 for what is
+                // new, and include_read recovers a lost poll's mail).
                 if full {
-                    let rest = match req.mode {
-                        InboxMode::Read | InboxMode::Lease { .. } => render::Rest::Unread,
-                        // Only include_read of the two is cut.
-                        InboxMode::Peek | InboxMode::History => render::Rest::Older,
-                    };
-                    text.push_str(&render::answer_full(messages::ANSWER_BYTES_MAX, rest));
+                    text.push_str(&render::answer_full(
+                        messages::ANSWER_BYTES_MAX,
+                        render::Rest::Unread,
+                    ));
                 }
                 Ok((success(&out, text), Delivered { sent: 0, read }))
             }
@@ -388,8 +389,17 @@ impl PhoneServer {
                     .map(messages::decode_cursor)
                     .transpose()?;
                 let me = auth::authenticate(phone, &args, context).await?;
-                let out = wire::Outbox::from(phone.outbox(&me, limit, before).await?);
-                Ok((success(&out, render::outbox(&out)), nothing()))
+                let mut outbox = phone.outbox(&me, limit, before).await?;
+                let full = outbox.fit_answer();
+                let out = wire::Outbox::from(outbox);
+                let mut text = render::outbox(&out);
+                if full {
+                    text.push_str(&render::answer_full(
+                        messages::ANSWER_BYTES_MAX,
+                        render::Rest::Cursor,
+                    ));
+                }
+                Ok((success(&out, text), nothing()))
             }
             tools::THREAD => {
                 let args = Args::new(tool, arguments, tools::THREAD_ARGS)?;
@@ -402,8 +412,8 @@ impl PhoneServer {
                     .map(messages::decode_cursor)
                     .transpose()?;
                 let me = auth::authenticate(phone, &args, context).await?;
-                let thread = phone.thread(&me, message_id, limit, after).await?;
-                let full = thread.full;
+                let mut thread = phone.thread(&me, message_id, limit, after).await?;
+                let full = thread.fit_answer();
                 let out = wire::Thread::from(thread);
                 let mut text = render::thread(&out);
                 if full {

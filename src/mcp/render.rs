@@ -149,7 +149,6 @@ pub fn inbox(r: &Inbox) -> String {
 pub fn answer_full(bytes: i64, rest: Rest) -> String {
     let rest = match rest {
         Rest::Unread => "the rest are still unread: poll again",
-        Rest::Older => "older messages are not shown: phone_thread or a search (query) finds them",
         Rest::Cursor => "the rest come with next_cursor (More: cursor=… above)",
     };
     format!(
@@ -162,8 +161,6 @@ pub fn answer_full(bytes: i64, rest: Rest) -> String {
 pub enum Rest {
     /// Left unread by a poll.
     Unread,
-    /// Not shown by include_read (newest first).
-    Older,
     /// On the next page.
     Cursor,
 }
