@@ -273,8 +273,12 @@ async fn eight_pollers_over_three_replicas_get_a_thousand_messages_exactly_once(
             }
         }));
     }
+    // Set once every send is done: until then an empty inbox is a pause of
+    // the senders (a stall of a replica, say), not the end.
+    let sent_all = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut pollers = Vec::new();
     for p in 0..8 {
+        let sent_all = sent_all.clone();
         let client = if p == 7 {
             cluster.balanced_client().await
         } else {
@@ -284,7 +288,8 @@ async fn eight_pollers_over_three_replicas_get_a_thousand_messages_exactly_once(
         pollers.push(tokio::spawn(async move {
             let mut got: Vec<String> = Vec::new();
             let mut idle = 0;
-            // Bounded: at most 3,000 polls; stop after 2 s of nothing new.
+            // Bounded: at most 3,000 polls; stop after 2 s of nothing new
+            // once every send is done.
             for _ in 0..3000 {
                 let out = ok(&client, "phone_inbox", args.clone()).await;
                 let batch: Vec<String> = out["messages"]
@@ -294,9 +299,11 @@ async fn eight_pollers_over_three_replicas_get_a_thousand_messages_exactly_once(
                     .map(|m| m["body"].as_str().unwrap().to_owned())
                     .collect();
                 if batch.is_empty() {
-                    idle += 1;
-                    if idle > 100 {
-                        break;
+                    if sent_all.load(std::sync::atomic::Ordering::SeqCst) {
+                        idle += 1;
+                        if idle > 100 {
+                            break;
+                        }
                     }
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 } else {
@@ -310,6 +317,7 @@ async fn eight_pollers_over_three_replicas_get_a_thousand_messages_exactly_once(
     for s in senders {
         s.await.unwrap();
     }
+    sent_all.store(true, std::sync::atomic::Ordering::SeqCst);
     let mut all = Vec::new();
     for p in pollers {
         all.extend(p.await.unwrap());

@@ -1367,13 +1367,14 @@ async fn plans_made_on_an_empty_mailbox_still_use_the_indexes_once_it_fills() {
 /// batch of their own, and the stuck call still completes afterwards.
 #[tokio::test]
 async fn a_call_stuck_on_a_lock_does_not_hold_up_the_others() {
-    // The stuck call gives up after 3 s; a call may wait 5 s for its turn.
-    // Calls that waited for the stuck one would go through only after it
-    // gave up.
+    // A call may wait 5 s for its turn: calls that waited for the stuck one
+    // would fail. The stuck call gives up only after 30 s, long after the
+    // others are done however loaded the machine (with 3 s, four calls on
+    // a loaded machine could outlast it, and the test would fail).
     let app = spawn_app_on(
         &fresh_database().await,
         &[
-            ("PHONE_STATEMENT_TIMEOUT_MS", "3000"),
+            ("PHONE_STATEMENT_TIMEOUT_MS", "30000"),
             ("PHONE_POOL_TIMEOUT_MS", "5000"),
         ],
     )

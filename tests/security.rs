@@ -268,18 +268,32 @@ async fn health_names_the_dependency_not_its_error_text() {
     let name = app.database_url.rsplit('/').next().unwrap().to_owned();
     let admin = connect(&admin_url()).await;
     admin
-        .batch_execute(&format!(
-            "ALTER DATABASE {name} ALLOW_CONNECTIONS false;
-             SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}';"
-        ))
+        .batch_execute(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS false"))
         .await
         .unwrap();
+    let terminated: Vec<i32> = admin
+        .query(
+            // In the select list, not the WHERE clause: there it might be
+            // evaluated before the filter, on every session of the server.
+            "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1",
+            &[&name],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
     // A terminated backend ends a moment after the signal: until then a
-    // pooled connection still answers.
+    // pooled connection still answers. (Not "no session in the database":
+    // the server's attempts to connect again show there while refused.)
+    let pids: Vec<String> = terminated.iter().map(i32::to_string).collect();
     wait_until(
         &admin,
-        "the database's connections have ended",
-        &format!("SELECT count(*) = 0 FROM pg_stat_activity WHERE datname = '{name}'"),
+        "the terminated connections have ended",
+        &format!(
+            "SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = ANY('{{{}}}'::int[]))",
+            pids.join(",")
+        ),
     )
     .await;
     let health = reqwest::get(app.url("/health")).await.unwrap();

@@ -265,14 +265,25 @@ async fn a_give_back_that_fails_is_retried_until_it_lands() {
     lock.batch_execute("BEGIN; LOCK TABLE messages IN ACCESS EXCLUSIVE MODE")
         .await
         .unwrap();
-    let answer = call_giving_up(
+    // The caller leaves once its poll waits on the lock (leaving at a fixed
+    // time, a poll not yet begun on a loaded machine was dropped unrun, and
+    // nothing was ever taken).
+    let poll = call_giving_up(
         &app,
         "phone_inbox",
         bob.with(json!({"limit": 10})),
-        Duration::from_secs(1),
-    )
-    .await;
-    assert!(answer.is_none(), "{answer:?}");
+        Duration::from_secs(60),
+    );
+    tokio::select! {
+        answer = poll => panic!("answered while the table was locked: {answer:?}"),
+        () = wait_until(
+            &db,
+            "the poll waits on the lock",
+            "SELECT count(*) > 0 FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'
+               AND query LIKE '%messages%'",
+        ) => {}
+    }
     lock.batch_execute("COMMIT").await.unwrap();
     // The poll committed after its caller left; its give-back fails...
     wait_until(
