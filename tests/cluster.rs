@@ -30,26 +30,50 @@ struct Replica {
 }
 
 impl Replica {
+    /// Starts a replica; [`Replica::ready`] waits for it. On port 0: it
+    /// binds a free port itself and logs it (a port found free here, then
+    /// bound by the replica after its migrations, could be taken meanwhile
+    /// by a test running beside, whose server would answer for it).
     fn spawn(database_url: &str, extra: &[(&str, &str)]) -> Self {
-        let port = free_port();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_phone"));
         cmd.env_clear()
             .env("DATABASE_URL", database_url)
-            .env("PORT", port.to_string())
+            .env("PORT", "0")
             .env("PHONE_BIND", "127.0.0.1")
             .env("PHONE_POOL_SIZE", "6")
             .env("PHONE_TRUST_FORWARDED_FOR", "true")
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
+            .env("RUST_LOG", "warn,phone::cli::serve=info")
+            .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true);
         for (k, v) in extra {
             cmd.env(k, v);
         }
         Replica {
-            port,
+            port: 0,
             child: cmd.spawn().expect("start a replica"),
         }
+    }
+
+    /// Waits until the replica logs the port it listens on, then until it
+    /// is healthy; the rest of its log is read and dropped.
+    async fn ready(&mut self) {
+        use tokio::io::AsyncBufReadExt as _;
+        let stdout = self.child.stdout.take().expect("stdout is piped");
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let port = tokio::time::timeout(Duration::from_secs(60), async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(port) = common::process::listening_port(&line) {
+                    return port;
+                }
+            }
+            panic!("the replica ended before it listened");
+        })
+        .await
+        .expect("the replica listens within 60 s");
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        self.port = port;
+        wait_healthy(port).await;
     }
 
     fn url(&self) -> String {
@@ -141,9 +165,10 @@ impl Cluster {
     /// the migrations must run exactly once, under the advisory lock.
     async fn start() -> Self {
         let database_url = fresh_database().await;
-        let replicas: Vec<Replica> = (0..3).map(|_| Replica::spawn(&database_url, &[])).collect();
-        for r in &replicas {
-            wait_healthy(r.port).await;
+        let mut replicas: Vec<Replica> =
+            (0..3).map(|_| Replica::spawn(&database_url, &[])).collect();
+        for r in &mut replicas {
+            r.ready().await;
         }
         let balancer = Balancer::start(&replicas.iter().map(|r| r.port).collect::<Vec<_>>()).await;
         Cluster {
@@ -420,7 +445,7 @@ async fn raw_send(http: &reqwest::Client, url: &str, args: Value) -> Result<Valu
 async fn sigterm_under_load_finishes_every_accepted_request() {
     let database_url = fresh_database().await;
     let mut replica = Replica::spawn(&database_url, &[("PHONE_SHUTDOWN_GRACE_SECS", "10")]);
-    wait_healthy(replica.port).await;
+    replica.ready().await;
     let url = replica.url();
     let c = client_for(&url, None).await;
     let alice = register(&c, "alice", "A", "p").await;

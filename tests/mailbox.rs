@@ -777,11 +777,10 @@ async fn a_poll_stops_at_its_byte_budget_and_leaves_the_rest_for_the_next() {
 }
 
 /// Answers that take nothing and page on with a cursor stop at the same
-/// 32 KiB of text as a poll: a thread, a search of one's mail and the
-/// outbox. The next page starts after the last message shown, and the text
-/// says where the rest are. A peek and include_read stay whole: the hooks
-/// look among a peek's 100 for what is new, and include_read (which has
-/// no cursor) recovers the mail of a poll whose answer was lost.
+/// 32 KiB of text as a poll: include_read, a thread, a search of one's mail
+/// and the outbox. The next page starts after the last message shown, and
+/// the text says where the rest are. A peek stays whole: the hooks look
+/// among its 100 for what is new.
 /// Without it, a thread of a hundred 64 KiB messages was one answer of
 /// 6.4 MB of text, twice over (text and structured content).
 #[tokio::test]
@@ -832,8 +831,17 @@ async fn answers_that_take_nothing_stop_at_the_byte_budget() {
         json!({"include_read": true, "limit": 10}),
     )
     .await;
-    assert_eq!(firsts(&history), ["4", "2", "0"], "{said}");
-    assert!(!said.contains("stops here"), "{said}");
+    assert_eq!(firsts(&history), ["4", "2"], "{said}");
+    assert!(said.contains("stops here, past 32 KiB"), "{said}");
+    let cursor = history["next_cursor"].clone();
+    let (older, said) = look(
+        &bob,
+        "phone_inbox",
+        json!({"include_read": true, "limit": 10, "cursor": cursor}),
+    )
+    .await;
+    assert_eq!(firsts(&older), ["0"], "{said}");
+    assert!(older["next_cursor"].is_null(), "{older}");
 
     // A thread, page by page: each stops at the budget.
     let mut pages = Vec::new();
@@ -908,6 +916,80 @@ async fn answers_that_take_nothing_stop_at_the_byte_budget() {
     .await;
     assert_eq!(firsts(&rest), ["0"]);
     assert!(rest["next_cursor"].is_null(), "{rest}");
+    app.stop().await;
+}
+
+/// include_read is where the mail of a poll whose answer was lost is found
+/// (the error of such a poll says so). A poll fills its budget oldest
+/// first, the history newest first: a history page may show less than one
+/// poll took, and its cursor goes on until every message is shown. Pages
+/// of short mail go on by `limit`, and the last one says no more.
+#[tokio::test]
+async fn include_read_pages_back_through_everything_a_poll_took() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let bob = register(&c, "bob", "B", "p").await;
+    for (name, size) in [("a", 1_000), ("b", 30_000), ("c", 64_000)] {
+        let body = format!("{name}{}", "x".repeat(size - 1));
+        ok(
+            &c,
+            "phone_send",
+            alice.with(json!({"to": "bob", "body": body})),
+        )
+        .await;
+    }
+    let took = ok(&c, "phone_inbox", bob.with(json!({"limit": 10}))).await;
+    let firsts =
+        |v: &Value| -> Vec<String> { bodies(v).iter().map(|b| b[..1].to_owned()).collect() };
+    assert_eq!(firsts(&took), ["a", "b", "c"]);
+    let mut seen = Vec::new();
+    let mut cursor = Value::Null;
+    for _ in 0..5 {
+        let mut args = json!({"include_read": true, "limit": 10});
+        if !cursor.is_null() {
+            args["cursor"] = cursor.clone();
+        }
+        let page = ok(&c, "phone_inbox", bob.with(args)).await;
+        seen.extend(firsts(&page));
+        cursor = page["next_cursor"].clone();
+        if cursor.is_null() {
+            break;
+        }
+    }
+    assert_eq!(seen, ["c", "b", "a"]);
+
+    // Short mail: pages of `limit`.
+    for i in 0..3 {
+        ok(
+            &c,
+            "phone_send",
+            alice.with(json!({"to": "bob", "body": format!("s{i}")})),
+        )
+        .await;
+    }
+    let page = ok(
+        &c,
+        "phone_inbox",
+        bob.with(json!({"include_read": true, "limit": 2})),
+    )
+    .await;
+    assert_eq!(bodies(&page), ["s2", "s1"]);
+    let page = ok(
+        &c,
+        "phone_inbox",
+        bob.with(json!({"include_read": true, "limit": 2, "cursor": page["next_cursor"]})),
+    )
+    .await;
+    assert_eq!(firsts(&page), ["s", "c"]);
+    // A cursor pages include_read or a search, nothing else.
+    let err = tool_err(
+        &c,
+        "phone_inbox",
+        bob.with(json!({"peek": true, "cursor": page["next_cursor"]})),
+    )
+    .await;
+    assert!(err.contains("include_read"), "{err}");
     app.stop().await;
 }
 

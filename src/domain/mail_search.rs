@@ -158,6 +158,7 @@ impl Phone {
                 unread_remaining: found.waiting.clamp(0, UNREAD_COUNT_CAP),
                 acked: None,
                 full,
+                next_cursor: None,
             },
             next_cursor,
         })

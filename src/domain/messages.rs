@@ -48,8 +48,9 @@ pub enum InboxMode {
     Lease { seconds: u32, max_deliveries: u32 },
     /// Shows the next unread messages without changing anything.
     Peek,
-    /// The most recent messages, read or not, newest first; changes nothing.
-    History,
+    /// The most recent messages, read or not, newest first, older than
+    /// `before` (a message id, from a cursor) when given; changes nothing.
+    History { before: Option<i64> },
 }
 
 /// phone_inbox's arguments as given (types checked, values not yet).
@@ -62,6 +63,8 @@ pub struct InboxArgs<'a> {
     pub lease_seconds: Option<u32>,
     pub max_deliveries: Option<u32>,
     pub wait_seconds: Option<u32>,
+    /// With include_read: `next_cursor` of the page before.
+    pub cursor: Option<&'a str>,
 }
 
 /// This server's settings for mail.
@@ -108,6 +111,7 @@ impl InboxRequest {
             lease_seconds,
             max_deliveries,
             wait_seconds,
+            cursor,
         } = raw;
         let max_wait = rules.max_wait_secs;
         let limit = limit.unwrap_or(10);
@@ -146,10 +150,18 @@ impl InboxRequest {
                     "\"lease\" cannot be combined with peek or include_read",
                 ));
             }
-            (false, _, true) => InboxMode::History,
+            (false, _, true) => InboxMode::History {
+                before: cursor.map(decode_cursor).transpose()?,
+            },
             (false, true, false) => InboxMode::Peek,
             (false, false, false) => InboxMode::Read,
         };
+        if cursor.is_some() && !matches!(mode, InboxMode::History { .. }) {
+            return Err(InvalidInput::new(
+                "cursor",
+                "pages include_read or a search: pass it with include_read=true, or with the same query",
+            ));
+        }
         let wait = wait_seconds.unwrap_or(0);
         if wait > max_wait {
             return Err(InvalidInput::new(
@@ -157,7 +169,7 @@ impl InboxRequest {
                 format!("must be from 0 to {max_wait}; got {wait}"),
             ));
         }
-        if wait > 0 && mode == InboxMode::History {
+        if wait > 0 && matches!(mode, InboxMode::History { .. }) {
             return Err(InvalidInput::new(
                 "wait_seconds",
                 "cannot be combined with include_read",
@@ -182,6 +194,8 @@ pub struct Inbox {
     /// The poll stopped at its byte budget ([`ANSWER_BYTES_MAX`]) while
     /// more mail waits.
     pub full: bool,
+    /// include_read: the next (older) page.
+    pub next_cursor: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -628,7 +642,7 @@ impl Phone {
                 max_deliveries,
             }),
             InboxMode::Read => None,
-            InboxMode::Peek | InboxMode::History => {
+            InboxMode::Peek | InboxMode::History { .. } => {
                 return self.look(creds, req, call, limit).await;
             }
         };
@@ -652,23 +666,34 @@ impl Phone {
         call: &Call,
         limit: i64,
     ) -> Result<store::Polled, PhoneError> {
-        let look = match req.mode {
-            InboxMode::History => Look::History,
-            _ => Look::Peek,
+        // A page of the history is cut to what an answer has room for, and
+        // goes on with a cursor (one more row tells whether more exist). A
+        // peek stays whole: the hooks and channels that wake idle agents
+        // look among its 100 for what is new, and a page cut by the bodies
+        // of the oldest would hide it from them.
+        let (look, fetch) = match req.mode {
+            InboxMode::History { before } => (Look::History { before }, limit + 1),
+            _ => (Look::Peek, limit),
         };
         if call.gone.is_cancelled() {
             return Err(PhoneError::CallerGone);
         }
         let db = self.store.db().await?;
-        let looked = store::messages::look(
+        let mut looked = store::messages::look(
             &db,
             look,
             creds.token.as_bytes(),
             creds.claimed_name(),
-            limit,
+            fetch,
             UNREAD_COUNT_CAP,
         )
         .await?;
+        if let Look::History { .. } = look {
+            let more = looked.messages.len() as i64 > limit;
+            looked.messages.truncate(limit as usize);
+            looked.full = fit_answer(&mut looked.messages, Message::text_bytes);
+            looked.more = more || looked.full;
+        }
         Ok(looked)
     }
 
@@ -768,6 +793,11 @@ fn inbox(polled: store::Polled, mode: InboxMode) -> Option<(i64, Inbox)> {
             m.leased_until = None;
         }
     }
+    // A page of the history goes on from its oldest message.
+    let next_cursor = polled
+        .more
+        .then(|| messages.last().map(|m| encode_cursor(m.id)))
+        .flatten();
     Some((
         me_id,
         Inbox {
@@ -775,6 +805,7 @@ fn inbox(polled: store::Polled, mode: InboxMode) -> Option<(i64, Inbox)> {
             unread_remaining: polled.waiting.clamp(0, UNREAD_COUNT_CAP),
             acked: None,
             full: polled.full,
+            next_cursor,
         },
     ))
 }

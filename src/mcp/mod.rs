@@ -317,13 +317,6 @@ impl PhoneServer {
                 if let Some(query) = args.str("query")? {
                     return self.search_mail(&args, query, context).await;
                 }
-                if args.str("cursor")?.is_some() {
-                    return Err(InvalidInput::new(
-                        "cursor",
-                        "pages a search: pass it with the same query",
-                    )
-                    .into());
-                }
                 let rules = phone.mail_rules();
                 let req = InboxRequest::parse(
                     InboxArgs {
@@ -338,6 +331,7 @@ impl PhoneServer {
                             messages::MAX_DELIVERIES_MAX,
                         )?,
                         wait_seconds: args.int("wait_seconds", 0, rules.max_wait_secs)?,
+                        cursor: args.str("cursor")?,
                     },
                     rules,
                 )?;
@@ -352,7 +346,7 @@ impl PhoneServer {
                 let read = match req.mode {
                     InboxMode::Read => Some(("read", n)),
                     InboxMode::Lease { .. } => Some(("lease", n)),
-                    InboxMode::Peek | InboxMode::History => None,
+                    InboxMode::Peek | InboxMode::History { .. } => None,
                 };
                 let mut out = wire::Inbox::from(inbox);
                 if req.mode == InboxMode::Read {
@@ -360,14 +354,14 @@ impl PhoneServer {
                 }
                 out.acks = acked.map(wire::InboxAcks::from);
                 let mut text = render::inbox(&out);
-                // Only a poll that takes mail is cut (a peek and include_read
-                // stay whole: the hooks look among a peek's 100 for what is
-                // new, and include_read recovers a lost poll's mail).
+                // A poll that takes mail leaves the rest unread; a page of
+                // include_read goes on with its cursor (a peek is not cut).
                 if full {
-                    text.push_str(&render::answer_full(
-                        messages::ANSWER_BYTES_MAX,
-                        render::Rest::Unread,
-                    ));
+                    let rest = match req.mode {
+                        InboxMode::Read | InboxMode::Lease { .. } => render::Rest::Unread,
+                        InboxMode::Peek | InboxMode::History { .. } => render::Rest::Cursor,
+                    };
+                    text.push_str(&render::answer_full(messages::ANSWER_BYTES_MAX, rest));
                 }
                 Ok((success(&out, text), Delivered { sent: 0, read }))
             }

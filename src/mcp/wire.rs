@@ -288,7 +288,7 @@ impl From<mail::Inbox> for Inbox {
         Self {
             messages: i.messages.into_iter().map(Message::from).collect(),
             unread_remaining: i.unread_remaining,
-            next_cursor: None,
+            next_cursor: i.next_cursor,
             acks: None,
         }
     }

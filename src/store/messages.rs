@@ -30,6 +30,8 @@ pub struct Polled {
     pub acks: Vec<Option<AckOutcome>>,
     /// The poll stopped at its byte budget while more mail waits.
     pub full: bool,
+    /// A look at the history: older messages exist beyond this page.
+    pub more: bool,
 }
 
 impl Polled {
@@ -275,8 +277,9 @@ static HEAL_GROUPS: LazyLock<String> = LazyLock::new(|| {
 pub enum Look {
     /// The oldest available messages, changing nothing.
     Peek,
-    /// The most recent messages, read or not, newest first; changes nothing.
-    History,
+    /// The most recent messages, read or not, newest first, older than
+    /// `before` (a message id) when given; changes nothing.
+    History { before: Option<i64> },
 }
 
 /// The unread count of a listing: at most `limit` (an SQL expression: the
@@ -294,7 +297,8 @@ pub(super) fn count_waiting(limit: &str) -> String {
 }
 
 /// The statements of [`Look`]. `$1` token digest, `$2` claimed name, `$3`
-/// limit, `$4` count cap. One row per
+/// limit, `$4` count cap; history: `$5` the id the page goes back from
+/// (NULL: the newest). One row per
 /// message (or one without), each with `me_id` and `waiting`. Indexes:
 /// `messages_unread_idx` (available mail), `messages_inbox_cover_idx`
 /// (history, as a key range).
@@ -303,7 +307,7 @@ fn look_sql(look: Look) -> String {
     let columns = message_columns("me.name");
     let available = available_to("me.id");
     match look {
-        Look::History => format!(
+        Look::History { .. } => format!(
             "WITH {me},
                   waiting AS ({waiting})
              SELECT me.id AS me_id, {columns}, waiting.n AS waiting
@@ -315,7 +319,7 @@ fn look_sql(look: Look) -> String {
                  LIMIT $3) m ON true
              {SENDER_LOOKUP}
              ORDER BY m.id DESC",
-            inbox = key_range("recipient_id", "me.id", "NULL::bigint", "NULL::bigint"),
+            inbox = key_range("recipient_id", "me.id", "NULL::bigint", "$5::bigint"),
             waiting = count_waiting("$4")
         ),
         Look::Peek => format!(
@@ -335,8 +339,12 @@ fn look_sql(look: Look) -> String {
     }
 }
 
-static LOOK_SQL: LazyLock<[String; 2]> =
-    LazyLock::new(|| [look_sql(Look::Peek), look_sql(Look::History)]);
+static LOOK_SQL: LazyLock<[String; 2]> = LazyLock::new(|| {
+    [
+        look_sql(Look::Peek),
+        look_sql(Look::History { before: None }),
+    ]
+});
 
 /// One poll of `look` for the caller `token_hash`/`claimed`: at most `limit`
 /// messages; `waiting` counts up to `cap` beyond them.
@@ -348,14 +356,18 @@ pub async fn look(
     limit: i64,
     cap: i64,
 ) -> Result<Polled, StoreError> {
-    let sql = match look {
-        Look::Peek => &LOOK_SQL[0],
-        Look::History => &LOOK_SQL[1],
+    let rows = match look {
+        Look::Peek => {
+            let stmt = db.prepare_cached(&LOOK_SQL[0]).await?;
+            db.query(&stmt, &[&token_hash, &claimed, &limit, &cap])
+                .await?
+        }
+        Look::History { before } => {
+            let stmt = db.prepare_cached(&LOOK_SQL[1]).await?;
+            db.query(&stmt, &[&token_hash, &claimed, &limit, &cap, &before])
+                .await?
+        }
     };
-    let stmt = db.prepare_cached(sql).await?;
-    let rows = db
-        .query(&stmt, &[&token_hash, &claimed, &limit, &cap])
-        .await?;
     let mut polled = Polled::default();
     for row in &rows {
         polled.add_row(row);

@@ -79,12 +79,21 @@ impl Process {
 /// The server's URL, once its log says where it listens.
 fn listening_on(log: &std::path::Path) -> Option<String> {
     let text = std::fs::read_to_string(log).ok()?;
-    let line = text.lines().find(|l| l.contains("phone listening"))?;
-    // `address=127.0.0.1:N` or `"address":"127.0.0.1:N"`.
+    let port = text.lines().find_map(listening_port)?;
+    Some(format!("http://127.0.0.1:{port}"))
+}
+
+/// The port of the server's "phone listening" log line (started with
+/// `PORT=0`, it binds a free port itself), in either log format:
+/// `address=127.0.0.1:N` or `"address":"127.0.0.1:N"`.
+pub fn listening_port(line: &str) -> Option<u16> {
+    if !line.contains("phone listening") {
+        return None;
+    }
     let at = line.find("127.0.0.1:")? + "127.0.0.1:".len();
     let port: String = line[at..]
         .chars()
         .take_while(char::is_ascii_digit)
         .collect();
-    Some(format!("http://127.0.0.1:{}", port.parse::<u16>().ok()?))
+    port.parse().ok()
 }
