@@ -982,6 +982,15 @@ async fn include_read_pages_back_through_everything_a_poll_took() {
     )
     .await;
     assert_eq!(firsts(&page), ["s", "c"]);
+    // Another tool's cursor (which pages its own way) is refused.
+    let sent = ok(&c, "phone_outbox", alice.with(json!({"limit": 1}))).await;
+    let err = tool_err(
+        &c,
+        "phone_inbox",
+        bob.with(json!({"include_read": true, "cursor": sent["next_cursor"]})),
+    )
+    .await;
+    assert!(err.contains("not a cursor of include_read"), "{err}");
     // A cursor pages include_read or a search, nothing else.
     let err = tool_err(
         &c,

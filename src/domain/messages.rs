@@ -151,7 +151,7 @@ impl InboxRequest {
                 ));
             }
             (false, _, true) => InboxMode::History {
-                before: cursor.map(decode_cursor).transpose()?,
+                before: cursor.map(decode_history_cursor).transpose()?,
             },
             (false, true, false) => InboxMode::Peek,
             (false, false, false) => InboxMode::Read,
@@ -262,22 +262,48 @@ impl Outbox {
 
 /// A keyset cursor over message ids, opaque to the agent.
 fn encode_cursor(id: i64) -> String {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("m:{id}"))
+    encode_tagged("m", id)
+}
+
+/// include_read's cursor: tagged apart, so that another tool's (which
+/// pages in its own direction) is refused rather than taken for it.
+fn encode_history_cursor(id: i64) -> String {
+    encode_tagged("h", id)
+}
+
+fn encode_tagged(tag: &str, id: i64) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("{tag}:{id}"))
 }
 
 pub fn decode_cursor(raw: &str) -> Result<i64, InvalidInput> {
+    decode_tagged(raw, "m").ok_or_else(|| {
+        InvalidInput::new(
+            "cursor",
+            "is not a cursor of this tool; pass its own next_cursor back unchanged",
+        )
+    })
+}
+
+fn decode_history_cursor(raw: &str) -> Result<i64, InvalidInput> {
+    decode_tagged(raw, "h").ok_or_else(|| {
+        InvalidInput::new(
+            "cursor",
+            "is not a cursor of include_read; pass its next_cursor back unchanged, with include_read=true",
+        )
+    })
+}
+
+fn decode_tagged(raw: &str, tag: &str) -> Option<i64> {
     base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(raw.trim())
         .ok()
         .and_then(|b| String::from_utf8(b).ok())
-        .and_then(|s| s.strip_prefix("m:").and_then(|n| n.parse::<i64>().ok()))
-        .filter(|n| *n >= 0)
-        .ok_or_else(|| {
-            InvalidInput::new(
-                "cursor",
-                "is not a cursor from this server; pass next_cursor back unchanged",
-            )
+        .and_then(|s| {
+            s.strip_prefix(tag)
+                .and_then(|s| s.strip_prefix(':'))
+                .and_then(|n| n.parse::<i64>().ok())
         })
+        .filter(|n| *n >= 0)
 }
 
 /// Keeps the first `limit` of `rows` (fetched one more than asked); the
@@ -296,8 +322,8 @@ fn page<T>(mut rows: Vec<T>, limit: u32, id: impl Fn(&T) -> i64) -> (Vec<T>, Opt
 /// Keeps the messages an answer has room for, as a poll takes them: the
 /// first always, then each while those before it hold less than
 /// [`ANSWER_BYTES_MAX`] of text. Whether any was left out. For answers
-/// that take nothing and page on with a cursor (a thread, a search, the
-/// outbox): a thread of a hundred long messages was 6.4 MB of text, twice
+/// that take nothing and page on with a cursor (include_read, a thread, a
+/// search, the outbox): a thread of a hundred long messages was 6.4 MB of text, twice
 /// over, that no model reads.
 pub(crate) fn fit_answer<T>(messages: &mut Vec<T>, text_bytes: impl Fn(&T) -> i64) -> bool {
     let mut before = 0;
@@ -796,7 +822,7 @@ fn inbox(polled: store::Polled, mode: InboxMode) -> Option<(i64, Inbox)> {
     // A page of the history goes on from its oldest message.
     let next_cursor = polled
         .more
-        .then(|| messages.last().map(|m| encode_cursor(m.id)))
+        .then(|| messages.last().map(|m| encode_history_cursor(m.id)))
         .flatten();
     Some((
         me_id,
