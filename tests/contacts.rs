@@ -654,7 +654,8 @@ async fn a_first_block_racing_a_poll_does_not_deadlock() {
         &app.db().await,
         "the mark waits for the message the batch holds",
         "SELECT count(*) > 0 FROM pg_stat_activity
-         WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO contacts%'",
+         WHERE datname = current_database() AND wait_event_type = 'Lock'
+           AND query LIKE '%INSERT INTO contacts%'",
     )
     .await;
     // The batch's presence write, then its commit.
