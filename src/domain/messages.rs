@@ -241,23 +241,40 @@ impl Thread {
     /// ([`fit_answer`]); the cursor then continues after its last message.
     /// Whether it was cut. (The console shows whole pages.)
     pub fn fit_answer(&mut self) -> bool {
-        let cut = fit_answer(&mut self.messages, Message::text_bytes);
-        if cut {
-            self.next_cursor = self.messages.last().map(|m| encode_cursor(m.id));
-        }
-        cut
+        fit_page(
+            &mut self.messages,
+            &mut self.next_cursor,
+            Message::text_bytes,
+            |m| m.id,
+        )
     }
 }
 
 impl Outbox {
     /// As [`Thread::fit_answer`]: its text shows no bodies, its result does.
     pub fn fit_answer(&mut self) -> bool {
-        let cut = fit_answer(&mut self.messages, OutboxEntry::text_bytes);
-        if cut {
-            self.next_cursor = self.messages.last().map(|m| encode_cursor(m.id));
-        }
-        cut
+        fit_page(
+            &mut self.messages,
+            &mut self.next_cursor,
+            OutboxEntry::text_bytes,
+            |m| m.id,
+        )
     }
+}
+
+/// [`fit_answer`] for a page with a keyset cursor: when cut, the cursor
+/// continues after the last message kept.
+fn fit_page<T>(
+    messages: &mut Vec<T>,
+    next_cursor: &mut Option<String>,
+    text_bytes: impl Fn(&T) -> i64,
+    id: impl Fn(&T) -> i64,
+) -> bool {
+    let cut = fit_answer(messages, text_bytes);
+    if cut {
+        *next_cursor = messages.last().map(|m| encode_cursor(id(m)));
+    }
+    cut
 }
 
 /// A keyset cursor over message ids, opaque to the agent.

@@ -203,6 +203,15 @@ impl ServerHandler for PhoneServer {
     }
 }
 
+/// An answer's text, with the line that says where the rest are when it
+/// stopped at its byte budget.
+fn noting_cut(mut text: String, cut: bool, rest: render::Rest) -> String {
+    if cut {
+        text.push_str(&render::answer_full(messages::ANSWER_BYTES_MAX, rest));
+    }
+    text
+}
+
 impl PhoneServer {
     /// phone_inbox with `query`: a search of the caller's own mail, which
     /// takes nothing and so combines with none of a poll's arguments.
@@ -242,13 +251,7 @@ impl PhoneServer {
         auth::record_agent(&creds);
         let full = found.inbox.full;
         let out = wire::Inbox::from(found);
-        let mut text = render::found(&out);
-        if full {
-            text.push_str(&render::answer_full(
-                messages::ANSWER_BYTES_MAX,
-                render::Rest::Cursor,
-            ));
-        }
+        let text = noting_cut(render::found(&out), full, render::Rest::Cursor);
         Ok((success(&out, text), Delivered::default()))
     }
 
@@ -353,16 +356,13 @@ impl PhoneServer {
                     out = out.read_poll();
                 }
                 out.acks = acked.map(wire::InboxAcks::from);
-                let mut text = render::inbox(&out);
                 // A poll that takes mail leaves the rest unread; a page of
                 // include_read goes on with its cursor (a peek is not cut).
-                if full {
-                    let rest = match req.mode {
-                        InboxMode::Read | InboxMode::Lease { .. } => render::Rest::Unread,
-                        InboxMode::Peek | InboxMode::History { .. } => render::Rest::Cursor,
-                    };
-                    text.push_str(&render::answer_full(messages::ANSWER_BYTES_MAX, rest));
-                }
+                let rest = match req.mode {
+                    InboxMode::Read | InboxMode::Lease { .. } => render::Rest::Unread,
+                    InboxMode::Peek | InboxMode::History { .. } => render::Rest::Cursor,
+                };
+                let text = noting_cut(render::inbox(&out), full, rest);
                 Ok((success(&out, text), Delivered { sent: 0, read }))
             }
             tools::ACK => {
@@ -386,13 +386,7 @@ impl PhoneServer {
                 let mut outbox = phone.outbox(&me, limit, before).await?;
                 let full = outbox.fit_answer();
                 let out = wire::Outbox::from(outbox);
-                let mut text = render::outbox(&out);
-                if full {
-                    text.push_str(&render::answer_full(
-                        messages::ANSWER_BYTES_MAX,
-                        render::Rest::Cursor,
-                    ));
-                }
+                let text = noting_cut(render::outbox(&out), full, render::Rest::Cursor);
                 Ok((success(&out, text), nothing()))
             }
             tools::THREAD => {
@@ -409,13 +403,7 @@ impl PhoneServer {
                 let mut thread = phone.thread(&me, message_id, limit, after).await?;
                 let full = thread.fit_answer();
                 let out = wire::Thread::from(thread);
-                let mut text = render::thread(&out);
-                if full {
-                    text.push_str(&render::answer_full(
-                        messages::ANSWER_BYTES_MAX,
-                        render::Rest::Cursor,
-                    ));
-                }
+                let text = noting_cut(render::thread(&out), full, render::Rest::Cursor);
                 Ok((success(&out, text), nothing()))
             }
             tools::SETTINGS => {
