@@ -991,6 +991,22 @@ async fn include_read_pages_back_through_everything_a_poll_took() {
     )
     .await;
     assert!(err.contains("not a cursor of include_read"), "{err}");
+    // Hostile cursors are refused, not read as a place to start.
+    for bad in [
+        "",
+        "x!",
+        "aDotMQ",
+        "aDo5OTk5OTk5OTk5OTk5OTk5OTk5OTk5",
+        &"h".repeat(5000),
+    ] {
+        let err = tool_err(
+            &c,
+            "phone_inbox",
+            bob.with(json!({"include_read": true, "cursor": bad})),
+        )
+        .await;
+        assert!(err.contains("cursor"), "{bad:?}: {err}");
+    }
     // A cursor pages include_read or a search, nothing else.
     let err = tool_err(
         &c,
