@@ -192,6 +192,7 @@ impl Config {
                     1,
                     86_400,
                 )? as u64),
+                require_sync_standby: parse(&get, "PHONE_REQUIRE_SYNC_STANDBY", false)?,
             },
             http: http::Settings {
                 allowed_hosts,

@@ -704,6 +704,156 @@ async fn health_is_503_while_writes_cannot_commit() {
     app.stop().await;
 }
 
+/// `PHONE_REQUIRE_SYNC_STANDBY` (docs/RELIABILITY.md finding 21): a
+/// failover manager that clears `synchronous_standby_names` (pg_auto_failover's
+/// `wait_primary`, wrongly given to the old primary mid-failover) makes
+/// commits asynchronous, and an old primary's asynchronous commits are
+/// rewound when it rejoins. Here, on a primary with a streaming standby:
+/// 1. no standby named: a send and a poll are refused before anything is
+///    done (nothing stored, nothing marked read), `/health` says why;
+/// 2. the setting cleared while a send's commit waits (PostgreSQL lets every
+///    waiting commit go then): acknowledged, because the standby, still
+///    streaming, reports it flushed;
+/// 3. the same with the standby gone: "outcome unknown", though stored; the
+///    retry with its key, once a standby is back, is a replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_require_sync_standby_mail_is_acknowledged_only_where_a_standby_holds_it() {
+    let primary = Node::primary().await;
+    let standby = Node::standby_of(&primary).await;
+    let admin = connect(&primary.url("postgres")).await;
+    let set = async |sql: &str, setting: &str, value: &str| {
+        admin.batch_execute(sql).await.unwrap();
+        reload(&admin, setting, value).await;
+    };
+    let synchronous = async || {
+        set(
+            "ALTER SYSTEM SET synchronous_standby_names = '*'",
+            "synchronous_standby_names",
+            "*",
+        )
+        .await;
+        wait_until_for(
+            &admin,
+            "the standby is synchronous",
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_replication WHERE sync_state = 'sync')",
+            Duration::from_secs(30),
+        )
+        .await;
+    };
+    synchronous().await;
+    let app = spawn_app_on(
+        &primary.url("phone"),
+        &[("PHONE_REQUIRE_SYNC_STANDBY", "true")],
+    )
+    .await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let bob = register(&c, "bob", "B", "p").await;
+    let send = |body: &str, key: &str| {
+        alice.with(json!({"to": "bob", "body": body, "idempotency_key": key}))
+    };
+    health_until(&app, Duration::from_secs(5), |s, _| s == 200).await;
+    ok(&c, "phone_send", send("one", "k1")).await;
+    let db = connect(&primary.url("phone")).await;
+    let count = async |sql: &str| -> i64 { db.query_one(sql, &[]).await.unwrap().get(0) };
+
+    // 1. No synchronous standby: refused, nothing done.
+    set(
+        "ALTER SYSTEM RESET synchronous_standby_names",
+        "synchronous_standby_names",
+        "",
+    )
+    .await;
+    health_until(&app, Duration::from_secs(5), |s, b| {
+        s == 503 && b["database"] == "no_sync_standby"
+    })
+    .await;
+    let why = text(&call(&c, "phone_send", send("two", "k2")).await);
+    assert!(
+        why.contains("temporarily unavailable")
+            && why.contains("no synchronous standby")
+            && why.contains("nothing was done"),
+        "{why}"
+    );
+    let why = text(&call(&c, "phone_inbox", bob.with(json!({}))).await);
+    assert!(
+        why.contains("no synchronous standby") && !why.contains("marked read"),
+        "{why}"
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM messages WHERE body = 'two'").await,
+        0
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM messages WHERE body = 'one' AND read_at IS NULL").await,
+        1,
+        "a refused poll marked mail read"
+    );
+
+    // A send whose commit waits for a standby named 'nobody', until the
+    // setting is cleared under it.
+    let released = async |body: &'static str, key: &'static str| {
+        set(
+            "ALTER SYSTEM SET synchronous_standby_names = 'nobody'",
+            "synchronous_standby_names",
+            "nobody",
+        )
+        .await;
+        let sending = {
+            let args = send(body, key);
+            let c = app.client().await;
+            tokio::spawn(async move { call(&c, "phone_send", args).await })
+        };
+        wait_until_for(
+            &db,
+            "the send's commit waits for a synchronous standby",
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event = 'SyncRep')",
+            Duration::from_secs(10),
+        )
+        .await;
+        set(
+            "ALTER SYSTEM RESET synchronous_standby_names",
+            "synchronous_standby_names",
+            "",
+        )
+        .await;
+        sending.await.unwrap()
+    };
+
+    // 2. The standby still streams: it confirms the commit.
+    let r = released("three", "k3").await;
+    assert_ne!(r.is_error, Some(true), "{}", text(&r));
+
+    // 3. No standby at all: nobody confirms it.
+    standby.stop("fast").await;
+    let r = released("four", "k4").await;
+    let why = text(&r);
+    assert!(
+        r.is_error == Some(true)
+            && why.contains("outcome is unknown")
+            && why.contains("retry with the same idempotency_key"),
+        "{why}"
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM messages WHERE body = 'four'").await,
+        1,
+        "the commit let go without a standby"
+    );
+
+    // A standby back: the refused send is stored once, the unknown one replayed.
+    standby.start(&[]).await;
+    synchronous().await;
+    health_until(&app, Duration::from_secs(5), |s, _| s == 200).await;
+    ok(&c, "phone_send", send("two", "k2")).await;
+    let again = ok(&c, "phone_send", send("four", "k4")).await;
+    assert_eq!(again["replayed"], true, "{again}");
+    assert_eq!(
+        count("SELECT count(*) FROM messages WHERE body IN ('two', 'four')").await,
+        2
+    );
+    app.stop().await;
+}
+
 /// A long poll waits on its `inbox_waiters` row, which is unlogged: a
 /// standby promoted by a failover, or a server restarted after a crash, has
 /// none. When the replica's LISTEN connection comes back (as it does after

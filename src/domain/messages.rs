@@ -858,7 +858,10 @@ fn inbox(polled: store::Polled, mode: InboxMode) -> Option<(i64, Inbox)> {
 /// not return them. Say where they are.
 fn taken_hint(err: PhoneError, req: InboxRequest) -> PhoneError {
     match err {
-        PhoneError::Unavailable(reason) if req.mode == InboxMode::Read => {
+        // Refused before anything was done: nothing taken.
+        PhoneError::Unavailable(reason)
+            if req.mode == InboxMode::Read && reason != store::NO_SYNC_STANDBY =>
+        {
             PhoneError::Unavailable(format!(
                 "{reason}; if this poll got through before the failure, what it took is marked read: \
              see phone_inbox include_read=true, or poll with mode=lease"

@@ -616,7 +616,10 @@ fn refusal(refusal: Option<&str>, to: &AgentName) -> PhoneError {
 /// before its answer): say how to retry without sending twice.
 fn resend_hint(err: PhoneError, key: Option<&str>) -> PhoneError {
     match err {
-        PhoneError::Unavailable(reason) if reason != store::POOL_BUSY => {
+        // Refused before anything was done: nothing to hint at.
+        PhoneError::Unavailable(reason)
+            if reason != store::POOL_BUSY && reason != store::NO_SYNC_STANDBY =>
+        {
             PhoneError::Unavailable(match key {
                 Some(_) => format!(
                     "{reason}; the message may have been stored before the failure: retry with the same \

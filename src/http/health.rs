@@ -15,7 +15,7 @@ use serde_json::json;
 
 use crate::{
     domain::Phone,
-    store::{POOL_BUSY, READ_ONLY, STALLED, StoreError},
+    store::{NO_SYNC_STANDBY, POOL_BUSY, READ_ONLY, STALLED, StoreError},
 };
 
 /// 200 when a pooled connection's server takes writes within a second (a
@@ -39,6 +39,12 @@ pub(super) async fn health(State(phone): State<Phone>) -> impl IntoResponse {
         Ok(Err(StoreError::Unavailable(reason))) if reason == READ_ONLY => {
             tracing::warn!("health check: the database does not take writes");
             "read_only"
+        }
+        // PHONE_REQUIRE_SYNC_STANDBY, and the primary's commits would not
+        // wait for a standby: mail is refused.
+        Ok(Err(StoreError::Unavailable(reason))) if reason == NO_SYNC_STANDBY => {
+            tracing::warn!("health check: the database has no synchronous standby");
+            "no_sync_standby"
         }
         Ok(Err(e)) if !matches!(&e, StoreError::Unavailable(r) if r == STALLED) => {
             tracing::warn!(error = %e, "health check: database unreachable");

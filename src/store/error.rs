@@ -155,6 +155,16 @@ pub const UNREACHABLE: &str = "database unreachable";
 /// A statement got no answer at all within its deadline.
 pub const STALLED: &str = "the database did not answer in time";
 
+/// `PHONE_REQUIRE_SYNC_STANDBY`: the primary's commits would not wait for a
+/// standby, so the call was rolled back (`pool::standby`).
+pub const NO_SYNC_STANDBY: &str = "the database has no synchronous standby right now, as during a failover, \
+     and this server acknowledges mail only once a standby holds it; nothing was done";
+
+/// `PHONE_REQUIRE_SYNC_STANDBY`: the call committed on a primary that had
+/// no synchronous standby, and no standby confirmed holding it.
+pub const UNCONFIRMED: &str = "the database committed this call but no standby confirmed holding it, as during a \
+     failover: its outcome is unknown";
+
 /// SQLSTATE `read_only_sql_transaction`: a write reached a standby (or a
 /// server made read-only).
 const READ_ONLY_SQL_TRANSACTION: &str = "25006";

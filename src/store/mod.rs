@@ -45,7 +45,7 @@ pub use batch::{
     poll::{Lease, QueuedPoll},
     send::{Addressee, CopyOutcome, QueuedSend, SendOutcome, Stored, copy_key},
 };
-pub use error::{POOL_BUSY, READ_ONLY, STALLED, StoreError};
+pub use error::{NO_SYNC_STANDBY, POOL_BUSY, READ_ONLY, STALLED, StoreError};
 pub use messages::Polled;
 pub use migrate::{migrate, migrate_with, wait_for_database};
 pub use pool::{Client, Pool};
@@ -70,6 +70,10 @@ pub struct Settings {
     /// Statement timeout of the migrations (and of waiting for another
     /// replica's).
     pub migration_timeout: Duration,
+    /// Mail is acknowledged only once a synchronous standby holds it
+    /// (`PHONE_REQUIRE_SYNC_STANDBY`; `pool::standby`), and `/health` says
+    /// 503 while the primary has none.
+    pub require_sync_standby: bool,
 }
 
 impl Settings {
@@ -82,6 +86,7 @@ impl Settings {
             statement_timeout: Duration::from_secs(10),
             connect_wait: Duration::from_secs(60),
             migration_timeout: Duration::from_secs(300),
+            require_sync_standby: false,
         }
     }
 }
@@ -91,6 +96,8 @@ impl Settings {
 #[derive(Clone)]
 pub struct Store {
     pool: Pool,
+    /// `Settings::require_sync_standby`, for `/health`.
+    require_sync_standby: bool,
     wakeup: Arc<Wakeup>,
     /// Sends and read polls in flight on this replica, written together.
     mail: batch::Batcher<batch::mail::MailWrite>,
@@ -129,6 +136,7 @@ impl Store {
                 quotas,
                 webhooks_due: webhooks_due.clone(),
                 tasks: tasks.clone(),
+                require_sync_standby: settings.require_sync_standby,
             },
             pool.wait_timeout(),
             pool.status().max_size,
@@ -139,6 +147,7 @@ impl Store {
         metrics::watch(pool.weak(), waiters);
         Ok(Self {
             pool,
+            require_sync_standby: settings.require_sync_standby,
             wakeup,
             mail,
             webhooks_due,
@@ -213,7 +222,7 @@ impl Store {
 
     /// Whether a pooled connection's server takes writes, within a second.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        pool::ping(&self.pool).await
+        pool::ping(&self.pool, self.require_sync_standby).await
     }
 
     /// Waits, for up to `within`, for the statements in flight and what

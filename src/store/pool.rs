@@ -17,6 +17,8 @@ use super::tls::Tls;
 use super::{Settings, StoreError};
 use crate::telemetry::metrics;
 
+mod standby;
+
 /// The connection pool. Derefs to deadpool's pool (status, close, …);
 /// `get` hands out a [`Client`] whose statements are traced and timed.
 #[derive(Clone)]
@@ -602,10 +604,10 @@ pub fn connect(config: &Settings) -> Result<Pool, StoreError> {
 /// Ok when a pooled connection's server takes writes now, within a second
 /// (`failover::WRITABLE_SQL`, one round trip). A server that does not, or
 /// does not answer, also retires the pool's connections to it.
-pub async fn ping(pool: &Pool) -> Result<(), StoreError> {
+pub async fn ping(pool: &Pool, require_sync_standby: bool) -> Result<(), StoreError> {
     // Its own statement: the first connection goes back (or is closed)
     // before the second is asked for, so a pool of one can answer too.
-    let first = ping_on(&pool.get().await?).await;
+    let first = ping_on(&pool.get().await?, require_sync_standby).await;
     match first {
         // A pooled connection found dead (its session ended from outside, a
         // restart, a cut path) says nothing of the database: `noticed` has
@@ -613,13 +615,13 @@ pub async fn ping(pool: &Pool) -> Result<(), StoreError> {
         // Not after a stall (the second has used the budget) nor a server
         // that refuses writes (that is the answer).
         Err(StoreError::Query(e)) if StoreError::is_connection_lost(&e) => {
-            ping_on(&pool.get().await?).await
+            ping_on(&pool.get().await?, require_sync_standby).await
         }
         other => other,
     }
 }
 
-async fn ping_on(client: &Client) -> Result<(), StoreError> {
+async fn ping_on(client: &Client, require_sync_standby: bool) -> Result<(), StoreError> {
     use std::sync::atomic::Ordering::Relaxed;
     let mut sql = if NO_WAL_MESSAGES.load(Relaxed) {
         WRITABLE_SQL_NO_WAL
@@ -660,6 +662,9 @@ async fn ping_on(client: &Client) -> Result<(), StoreError> {
     };
     if let Err(e) = &outcome {
         client.noticed(e);
+    }
+    if outcome.is_ok() && require_sync_standby {
+        return standby::commits_wait_for_a_standby(client).await;
     }
     outcome
 }

@@ -51,6 +51,8 @@ pub(crate) struct MailWrite {
     pub webhooks_due: Arc<tokio::sync::Notify>,
     /// Where give-backs run (see `Store::give_back`).
     pub tasks: tokio_util::task::TaskTracker,
+    /// Commit only where a synchronous standby confirms (`pool::standby`).
+    pub require_sync_standby: bool,
 }
 
 /// Limits on sending, shared by every replica (0: off).
@@ -143,42 +145,42 @@ impl Write for MailWrite {
             }
         }
         let to_wake = self.wakes.take();
-        let rows = match client
-            .query_generic(
-                &stmt,
-                &[
-                    &tokens,
-                    &claimed,
-                    &copies.names,
-                    &subjects,
-                    &bodies,
-                    &reply_tos,
-                    &threads,
-                    &copies.keys,
-                    &copies.ids,
-                    &poll_tokens,
-                    &poll_claimed,
-                    &limits,
-                    &self.cap,
-                    &to_wake,
-                    &lease_secs,
-                    &max_deliveries,
-                    &copies.answers,
-                    &q.sends_per_hour,
-                    &q.new_recipients_per_day,
-                    &q.unread_max,
-                    &q.unread_per_sender,
-                    &q.webhook_backlog,
-                    &lifetimes,
-                    &copies.send,
-                    &ack_polls,
-                    &ack_ids,
-                    &ack_deliveries,
-                    &self.answer_bytes,
-                ],
-            )
-            .await
-        {
+        let params: &[&(dyn tokio_postgres::types::ToSql + Sync)] = &[
+            &tokens,
+            &claimed,
+            &copies.names,
+            &subjects,
+            &bodies,
+            &reply_tos,
+            &threads,
+            &copies.keys,
+            &copies.ids,
+            &poll_tokens,
+            &poll_claimed,
+            &limits,
+            &self.cap,
+            &to_wake,
+            &lease_secs,
+            &max_deliveries,
+            &copies.answers,
+            &q.sends_per_hour,
+            &q.new_recipients_per_day,
+            &q.unread_max,
+            &q.unread_per_sender,
+            &q.webhook_backlog,
+            &lifetimes,
+            &copies.send,
+            &ack_polls,
+            &ack_ids,
+            &ack_deliveries,
+            &self.answer_bytes,
+        ];
+        let written = if self.require_sync_standby {
+            client.query_generic_on_standby(&stmt, params).await
+        } else {
+            client.query_generic(&stmt, params).await
+        };
+        let rows = match written {
             Ok(rows) => rows,
             Err(e) => {
                 self.wakes.add(to_wake);
