@@ -714,8 +714,9 @@ async fn health_is_503_while_writes_cannot_commit() {
 /// 2. the setting cleared while a send's commit waits (PostgreSQL lets every
 ///    waiting commit go then): acknowledged, because the standby, still
 ///    streaming, reports it flushed;
-/// 3. the same with the standby gone: "outcome unknown", though stored; the
-///    retry with its key, once a standby is back, is a replay.
+/// 3. the same with the standby gone, and a cancel of the waiting commit
+///    (COMMIT succeeds, the setting unchanged): "outcome unknown", though
+///    stored; the retry with its key, once a standby is back, is a replay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_require_sync_standby_mail_is_acknowledged_only_where_a_standby_holds_it() {
     let primary = Node::primary().await;
@@ -790,15 +791,61 @@ async fn with_require_sync_standby_mail_is_acknowledged_only_where_a_standby_hol
         "a refused poll marked mail read"
     );
 
-    // A send whose commit waits for a standby named 'nobody', until the
-    // setting is cleared under it.
-    let released = async |body: &'static str, key: &'static str| {
+    // Until commits wait for a standby: the checkpointer decides that, and
+    // reads a reloaded setting later than the sessions do. A probe commit of
+    // its own that hangs shows it has (then it is cancelled).
+    let commits_wait = async || {
+        for _ in 0..50 {
+            let probe = connect(&primary.url("postgres")).await;
+            let pid: i32 = probe
+                .query_one("SELECT pg_backend_pid()", &[])
+                .await
+                .unwrap()
+                .get(0);
+            let probing = tokio::spawn(async move {
+                probe
+                    .batch_execute("SELECT pg_logical_emit_message(true, 'phone.test', '')")
+                    .await
+            });
+            for _ in 0..20 {
+                let waits: bool = admin
+                    .query_one(
+                        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                         WHERE pid = $1 AND wait_event = 'SyncRep')",
+                        &[&pid],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                if waits {
+                    admin
+                        .execute("SELECT pg_cancel_backend($1)", &[&pid])
+                        .await
+                        .unwrap();
+                    let _ = probing.await;
+                    return;
+                }
+                if probing.is_finished() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let _ = probing.await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("commits never began to wait for the standby named 'nobody'");
+    };
+    // A send whose commit waits for a standby named 'nobody': its task,
+    // awaited once the test has let the commit go.
+    #[allow(clippy::async_yields_async)]
+    let waiting_send = async |body: &'static str, key: &'static str| {
         set(
             "ALTER SYSTEM SET synchronous_standby_names = 'nobody'",
             "synchronous_standby_names",
             "nobody",
         )
         .await;
+        commits_wait().await;
         let sending = {
             let args = send(body, key);
             let c = app.client().await;
@@ -807,37 +854,59 @@ async fn with_require_sync_standby_mail_is_acknowledged_only_where_a_standby_hol
         wait_until_for(
             &db,
             "the send's commit waits for a synchronous standby",
-            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event = 'SyncRep')",
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event = 'SyncRep' AND query = 'COMMIT')",
             Duration::from_secs(10),
         )
         .await;
+        sending
+    };
+    let clear = async || {
         set(
             "ALTER SYSTEM RESET synchronous_standby_names",
             "synchronous_standby_names",
             "",
         )
-        .await;
-        sending.await.unwrap()
+        .await
+    };
+    let unknown = |r: &rmcp::model::CallToolResult| {
+        let why = text(r);
+        assert!(
+            r.is_error == Some(true)
+                && why.contains("outcome is unknown")
+                && why.contains("retry with the same idempotency_key"),
+            "{why}"
+        );
     };
 
-    // 2. The standby still streams: it confirms the commit.
-    let r = released("three", "k3").await;
+    // 2. The setting cleared under the waiting commit (which lets it go),
+    // the standby still streaming: it confirms the commit.
+    let sending = waiting_send("three", "k3").await;
+    clear().await;
+    let r = sending.await.unwrap();
     assert_ne!(r.is_error, Some(true), "{}", text(&r));
 
-    // 3. No standby at all: nobody confirms it.
+    // 3. The same with no standby at all: nobody confirms it.
     standby.stop("fast").await;
-    let r = released("four", "k4").await;
-    let why = text(&r);
-    assert!(
-        r.is_error == Some(true)
-            && why.contains("outcome is unknown")
-            && why.contains("retry with the same idempotency_key"),
-        "{why}"
-    );
+    let sending = waiting_send("four", "k4").await;
+    clear().await;
+    unknown(&sending.await.unwrap());
+    // And the wait cancelled (a pooler's query timeout): COMMIT succeeds
+    // with a warning, the setting unchanged.
+    let sending = waiting_send("five", "k5").await;
+    admin
+        .batch_execute(
+            "SELECT pg_cancel_backend(pid) FROM pg_stat_activity
+             WHERE datname = 'phone' AND wait_event = 'SyncRep' AND query = 'COMMIT'",
+        )
+        .await
+        .unwrap();
+    unknown(&sending.await.unwrap());
+    clear().await;
     assert_eq!(
-        count("SELECT count(*) FROM messages WHERE body = 'four'").await,
-        1,
-        "the commit let go without a standby"
+        count("SELECT count(*) FROM messages WHERE body IN ('four', 'five')").await,
+        2,
+        "the commits let go without a standby"
     );
 
     // A standby back: the refused send is stored once, the unknown one replayed.
@@ -845,11 +914,13 @@ async fn with_require_sync_standby_mail_is_acknowledged_only_where_a_standby_hol
     synchronous().await;
     health_until(&app, Duration::from_secs(5), |s, _| s == 200).await;
     ok(&c, "phone_send", send("two", "k2")).await;
-    let again = ok(&c, "phone_send", send("four", "k4")).await;
-    assert_eq!(again["replayed"], true, "{again}");
+    for (body, key) in [("four", "k4"), ("five", "k5")] {
+        let again = ok(&c, "phone_send", send(body, key)).await;
+        assert_eq!(again["replayed"], true, "{again}");
+    }
     assert_eq!(
-        count("SELECT count(*) FROM messages WHERE body IN ('two', 'four')").await,
-        2
+        count("SELECT count(*) FROM messages WHERE body IN ('two', 'four', 'five')").await,
+        3
     );
     app.stop().await;
 }

@@ -16,18 +16,25 @@
 //! <the statement>
 //! SELECT phone_require_sync_standby()      -- V24: refuses unless the commit will wait
 //! COMMIT
-//! SELECT <whether commits still wait>, <where WAL ends now>
+//! SELECT <WAL flushed here>, <whether a standby has flushed that far>
 //! ```
 //!
 //! in one round trip. A server whose commit would not wait refuses before
 //! COMMIT, and the transaction is rolled back whole: nothing stored, nothing
-//! marked read, "retry". A commit that waited and was let go unconfirmed
-//! (clearing the setting releases every waiting commit) is caught by the
-//! check after it: a backend reloads its settings before each command, and
-//! the reload signal reaches every backend before the commits are released.
-//! Such a call then waits up to [`CONFIRM_WAIT`] for a standby to report WAL
-//! flushed past its commit (an asynchronous standby still streaming does);
-//! otherwise it fails as "outcome unknown", and a send's retry with the same
+//! marked read, "retry".
+//!
+//! A commit that passed that check may still not have waited, so what is
+//! acknowledged is decided by where the standbys are, not by settings: the
+//! setting cleared while the commit waited (that releases every waiting
+//! commit), a cancel during the wait (a pooler's query timeout: COMMIT then
+//! succeeds with a warning), or a setting just set that the checkpointer,
+//! which decides whether commits wait, has not read yet (it reads its
+//! settings only between checkpoints' pages, not during an immediate one).
+//! After COMMIT the WAL flushed here is at or past the end of the commit's
+//! record; the call is acknowledged once a physical standby reports that
+//! far flushed. With synchronous replication working it has, or is a few
+//! other commits behind; otherwise the call waits up to [`CONFIRM_WAIT`]
+//! and fails as "outcome unknown", and a send's retry with the same
 //! idempotency_key stores it once.
 
 use std::{
@@ -48,21 +55,36 @@ const REQUIRE_SQL: &str = "SELECT phone_require_sync_standby()";
 /// The SQLSTATE of `phone_require_sync_standby`'s refusal.
 const REFUSED: &str = "PHSBY";
 
-/// Whether this session's commits wait for a synchronous standby (`t`).
+/// Whether this session's commits wait for a synchronous standby's flush
+/// (`t`), as `phone_require_sync_standby` asks.
 const WAITS_SQL: &str = "SELECT current_setting('synchronous_standby_names') <> '' \
-     AND current_setting('synchronous_commit') NOT IN ('off', 'local')";
+     AND current_setting('synchronous_commit') IN ('on', 'remote_apply')";
 
-/// After COMMIT: [`WAITS_SQL`]'s answer, and an LSN at or past the end of
-/// the commit's record (WAL flushed here: a commit flushes its record before
-/// it waits for a standby, and a WAL sender streams only what is flushed).
-const AFTER_COMMIT_SQL: &str = "SELECT current_setting('synchronous_standby_names') <> '' \
-     AND current_setting('synchronous_commit') NOT IN ('off', 'local'), \
-     pg_current_wal_flush_lsn()::text";
+/// Whether a physical standby reports WAL flushed up to `lsn` (WAL senders
+/// of logical slots do not count). Rows of other roles' WAL senders show no
+/// position without `pg_read_all_stats`: then never.
+macro_rules! standby_flushed {
+    ($lsn:literal) => {
+        concat!(
+            "EXISTS (SELECT 1 FROM pg_stat_replication r WHERE r.flush_lsn >= ",
+            $lsn,
+            " AND NOT EXISTS (SELECT 1 FROM pg_replication_slots s \
+               WHERE s.active_pid = r.pid AND s.slot_type = 'logical'))"
+        )
+    };
+}
 
-/// Whether a standby has flushed WAL up to `$1`. (Rows of other roles'
-/// WAL senders show no LSN without `pg_read_all_stats`: then never.)
-const FLUSHED_SQL: &str =
-    "SELECT EXISTS (SELECT 1 FROM pg_stat_replication WHERE flush_lsn >= $1::text::pg_lsn)";
+/// After COMMIT: the WAL flushed here (at or past the end of the commit's
+/// record: a commit flushes its record before it waits, and a WAL sender
+/// streams only flushed WAL), and whether a standby has flushed that far.
+const AFTER_COMMIT_SQL: &str = concat!(
+    "SELECT f.lsn::text, ",
+    standby_flushed!("f.lsn"),
+    " FROM (SELECT pg_current_wal_flush_lsn() AS lsn) f"
+);
+
+/// Whether a standby has flushed WAL up to `$1`.
+const FLUSHED_SQL: &str = concat!("SELECT ", standby_flushed!("$1::text::pg_lsn"));
 
 /// How long a call whose commit went out unconfirmed waits for a standby to
 /// report it flushed before it fails as "outcome unknown".
@@ -84,8 +106,16 @@ pub(super) async fn commits_wait_for_a_standby(client: &Client) -> Result<(), St
                 Err(StoreError::Unavailable(NO_SYNC_STANDBY.into()))
             }
         }
-        Ok(Err(e)) => Err(StoreError::from(e)),
-        Err(_) => Err(StoreError::Unavailable(STALLED.into())),
+        Ok(Err(e)) => {
+            let e = StoreError::from(e);
+            client.noticed(&e);
+            Err(e)
+        }
+        Err(_) => {
+            let e = StoreError::Unavailable(STALLED.into());
+            client.noticed(&e);
+            Err(e)
+        }
     }
 }
 
@@ -191,13 +221,13 @@ impl Client {
         }
         committed?;
         // Committed. From here on an error leaves the outcome unknown.
-        let (waits, lsn) = match after {
+        let (lsn, held) = match after {
             Ok(messages) => messages
                 .iter()
                 .find_map(|m| match m {
                     SimpleQueryMessage::Row(row) => Some((
-                        row.get(0) == Some("t"),
-                        row.get(1).unwrap_or_default().to_owned(),
+                        row.get(0).unwrap_or_default().to_owned(),
+                        row.get(1) == Some("t"),
                     )),
                     _ => None,
                 })
@@ -210,49 +240,58 @@ impl Client {
                 return Err(StoreError::Unavailable(UNCONFIRMED.into()));
             }
         };
-        if waits {
-            return Ok(rows);
+        if !held {
+            self.flushed_on_standby(&lsn).await?;
         }
-        // The setting was cleared while the commit waited (or just before
-        // it): the commit may have been let go without a standby.
-        self.flushed_on_standby(&lsn).await?;
         Ok(rows)
     }
 
     /// Waits up to [`CONFIRM_WAIT`] for a standby to report WAL flushed up
-    /// to `lsn`.
+    /// to `lsn`: a few milliseconds behind other commits, first.
     async fn flushed_on_standby(&self, lsn: &str) -> Result<(), StoreError> {
         let client: &tokio_postgres::Client = self;
         let started = Instant::now();
+        // First at once (a standby's next report is usually well under a
+        // millisecond away), then less and less often.
+        let mut pause = Duration::ZERO;
         loop {
+            if !pause.is_zero() {
+                tokio::time::sleep(pause).await;
+            }
+            pause = (pause * 2).clamp(Duration::from_millis(1), Duration::from_millis(20));
             let flushed = tokio::time::timeout(
                 Duration::from_secs(1),
                 client.query_one(FLUSHED_SQL, &[&lsn]),
             )
             .await;
-            if let Ok(Ok(row)) = &flushed
-                && row.get::<_, bool>(0)
-            {
-                tracing::info!(
+            let held = match flushed {
+                Ok(Ok(row)) => row.get::<_, bool>(0),
+                Ok(Err(e)) => {
+                    self.noticed(&StoreError::from(e));
+                    return Err(StoreError::Unavailable(UNCONFIRMED.into()));
+                }
+                // The query may still run: the connection is not reused.
+                Err(_) => {
+                    self.noticed(&StoreError::Unavailable(STALLED.into()));
+                    return Err(StoreError::Unavailable(UNCONFIRMED.into()));
+                }
+            };
+            if held {
+                tracing::debug!(
                     lsn,
                     waited_ms = started.elapsed().as_millis() as u64,
-                    "mail committed while the primary had no synchronous standby; a standby confirmed it"
+                    "a standby confirmed the mail's commit"
                 );
                 return Ok(());
             }
-            let asked = matches!(flushed, Ok(Ok(_)));
-            if let Ok(Err(e)) = flushed {
-                self.noticed(&StoreError::from(e));
-            }
-            if started.elapsed() >= CONFIRM_WAIT || !asked {
+            if started.elapsed() >= CONFIRM_WAIT {
                 tracing::warn!(
                     lsn,
-                    "mail committed while the primary had no synchronous standby, and no standby \
-                     confirmed it: the callers hear that its outcome is unknown"
+                    "mail committed, and no standby confirmed it within {CONFIRM_WAIT:?}: the \
+                     callers hear that its outcome is unknown"
                 );
                 return Err(StoreError::Unavailable(UNCONFIRMED.into()));
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 }
