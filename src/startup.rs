@@ -55,6 +55,10 @@ impl Application {
             config.quotas,
             stopping.clone(),
         )?;
+        if let Err(e) = store.check_sync_standby_guard().await {
+            stopping.cancel();
+            return Err(e.into());
+        }
         let limits = Limits::new(config.auth_failure_limit, config.register_limit);
         tokio::spawn(store::prune::run(
             store.clone(),

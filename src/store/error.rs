@@ -19,6 +19,9 @@ pub enum StoreError {
     /// (its task panicked or was aborted).
     #[error("the batch carrying this call ended without an answer")]
     BatchLost,
+    /// The database cannot serve this configuration (a missing privilege).
+    #[error("{0}")]
+    Setup(String),
     /// The caller went away before the statement began; nothing was done.
     #[error("the caller went away before its statement began")]
     CallerGone,

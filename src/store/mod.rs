@@ -160,6 +160,15 @@ impl Store {
         Ok(self.pool.get().await?)
     }
 
+    /// With `PHONE_REQUIRE_SYNC_STANDBY`: whether this role can see the
+    /// standbys' positions, which the guard needs (at startup).
+    pub async fn check_sync_standby_guard(&self) -> Result<(), StoreError> {
+        if !self.require_sync_standby {
+            return Ok(());
+        }
+        pool::check_standby_privilege(&self.pool).await
+    }
+
     pub fn pool(&self) -> &Pool {
         &self.pool
     }

@@ -19,6 +19,8 @@ use crate::telemetry::metrics;
 
 mod standby;
 
+pub use standby::check_privilege as check_standby_privilege;
+
 /// The connection pool. Derefs to deadpool's pool (status, close, …);
 /// `get` hands out a [`Client`] whose statements are traced and timed.
 #[derive(Clone)]

@@ -49,8 +49,11 @@ use super::{Client, Params, Prepared, StoreError, db_span, db_spans_enabled, met
 use crate::store::error::{NO_SYNC_STANDBY, STALLED, UNCONFIRMED};
 
 /// Raises SQLSTATE [`REFUSED`] unless this session's commit will wait for a
-/// synchronous standby (V24).
-const REQUIRE_SQL: &str = "SELECT phone_require_sync_standby()";
+/// synchronous standby (V24); else whether the transaction wrote anything
+/// (`t`: it has a transaction id). One that wrote nothing has nothing to
+/// lose, and is not confirmed.
+const REQUIRE_SQL: &str =
+    "SELECT phone_require_sync_standby(), pg_current_xact_id_if_assigned() IS NOT NULL";
 
 /// The SQLSTATE of `phone_require_sync_standby`'s refusal.
 const REFUSED: &str = "PHSBY";
@@ -60,16 +63,19 @@ const REFUSED: &str = "PHSBY";
 const WAITS_SQL: &str = "SELECT current_setting('synchronous_standby_names') <> '' \
      AND current_setting('synchronous_commit') IN ('on', 'remote_apply')";
 
-/// Whether a physical standby reports WAL flushed up to `lsn` (WAL senders
-/// of logical slots do not count). Rows of other roles' WAL senders show no
-/// position without `pg_read_all_stats`: then never.
+/// Whether a synchronous standby (one PostgreSQL itself waits for now:
+/// `sync` or `quorum`) reports WAL flushed up to `lsn`. Not an asynchronous
+/// one: a node that cannot be promoted (`pg_receivewal`, a pg_auto_failover
+/// node outside the quorum) may stream too, and while the primary runs
+/// alone every standby is asynchronous. Without `pg_read_all_stats` no row
+/// shows a position (checked at startup: [`check_privilege`]).
 macro_rules! standby_flushed {
     ($lsn:literal) => {
         concat!(
-            "EXISTS (SELECT 1 FROM pg_stat_replication r WHERE r.flush_lsn >= ",
+            "EXISTS (SELECT 1 FROM pg_stat_replication \
+               WHERE sync_state IN ('sync', 'quorum') AND flush_lsn >= ",
             $lsn,
-            " AND NOT EXISTS (SELECT 1 FROM pg_replication_slots s \
-               WHERE s.active_pid = r.pid AND s.slot_type = 'logical'))"
+            ")"
         )
     };
 }
@@ -89,6 +95,27 @@ const FLUSHED_SQL: &str = concat!("SELECT ", standby_flushed!("$1::text::pg_lsn"
 /// How long a call whose commit went out unconfirmed waits for a standby to
 /// report it flushed before it fails as "outcome unknown".
 pub const CONFIRM_WAIT: Duration = Duration::from_secs(2);
+
+/// At startup, with the guard on: whether this role sees the standbys'
+/// positions. Without `pg_read_all_stats` every position reads as NULL, so
+/// every call would commit and then hear "outcome unknown".
+pub async fn check_privilege(pool: &super::Pool) -> Result<(), StoreError> {
+    let client = pool.get().await?;
+    let row = client
+        .query_one(
+            "SELECT current_user::text, pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')",
+            &[],
+        )
+        .await?;
+    let (role, sees): (String, bool) = (row.get(0), row.get(1));
+    if sees {
+        return Ok(());
+    }
+    Err(StoreError::Setup(format!(
+        "PHONE_REQUIRE_SYNC_STANDBY=true, but role {role} cannot see the standbys' positions \
+         (pg_stat_replication); GRANT pg_read_all_stats (or pg_monitor) TO {role}"
+    )))
+}
 
 /// For `/health`: Ok while this session's commits wait for a synchronous
 /// standby, as `phone_require_sync_standby` asks before each mail commit.
@@ -185,7 +212,7 @@ impl Client {
             client.batch_execute("BEGIN; SET LOCAL plan_cache_mode = force_generic_plan")
         );
         let mut query = std::pin::pin!(client.query(&stmt.statement, params));
-        let mut require = std::pin::pin!(client.batch_execute(REQUIRE_SQL));
+        let mut require = std::pin::pin!(client.simple_query(REQUIRE_SQL));
         let mut commit = std::pin::pin!(client.batch_execute("COMMIT"));
         let mut after = std::pin::pin!(client.simple_query(AFTER_COMMIT_SQL));
         let begun = futures_util::poll!(begin.as_mut());
@@ -213,13 +240,18 @@ impl Client {
         self.transaction.store(false, Relaxed);
         begun?;
         let rows = rows?;
-        match required {
+        let wrote = match required {
             Err(e) if e.code().is_some_and(|c| c.code() == REFUSED) => {
                 return Err(StoreError::Unavailable(NO_SYNC_STANDBY.into()));
             }
-            other => other?,
-        }
+            other => other?
+                .iter()
+                .any(|m| matches!(m, SimpleQueryMessage::Row(row) if row.get(1) == Some("t"))),
+        };
         committed?;
+        if !wrote {
+            return Ok(rows);
+        }
         // Committed. From here on an error leaves the outcome unknown.
         let (lsn, held) = match after {
             Ok(messages) => messages
@@ -235,7 +267,7 @@ impl Client {
             Err(e) => {
                 tracing::warn!(error = %super::super::error::describe(&e),
                     "mail committed, but the check after COMMIT failed: its outcome is unknown");
-                // A connection lost or on a demoted server still retires the pool's.
+                // A lost connection still retires the pool's older ones.
                 self.noticed(&StoreError::from(e));
                 return Err(StoreError::Unavailable(UNCONFIRMED.into()));
             }
@@ -259,10 +291,10 @@ impl Client {
                 tokio::time::sleep(pause).await;
             }
             pause = (pause * 2).clamp(Duration::from_millis(1), Duration::from_millis(20));
-            let flushed = tokio::time::timeout(
-                Duration::from_secs(1),
-                client.query_one(FLUSHED_SQL, &[&lsn]),
-            )
+            let flushed = tokio::time::timeout(Duration::from_secs(1), async {
+                let asked = (**self).prepare_cached(FLUSHED_SQL).await?;
+                client.query_one(&asked, &[&lsn]).await
+            })
             .await;
             let held = match flushed {
                 Ok(Ok(row)) => row.get::<_, bool>(0),
