@@ -932,7 +932,10 @@ async fn with_require_sync_standby_mail_is_acknowledged_only_where_a_standby_hol
     // 3. A role that cannot see the standbys' positions would commit every
     // call and then hear "outcome unknown": startup refuses it, and says
     // what to grant.
-    for sql in ["CREATE ROLE mailer LOGIN", "CREATE DATABASE mail OWNER mailer"] {
+    for sql in [
+        "CREATE ROLE mailer LOGIN",
+        "CREATE DATABASE mail OWNER mailer",
+    ] {
         admin.batch_execute(sql).await.unwrap();
     }
     let url = format!("postgres://mailer@127.0.0.1:{}/mail", primary.port);

@@ -260,6 +260,13 @@ pub async fn failover_under_load() {
         t,
         all_healthy(&load, Duration::from_secs(30)).await,
     ));
+    // Whether the monitor's race (pg_auto_failover#774) struck: the node
+    // being drained set to wait_primary. The promoted node passes through
+    // wait_primary in any case; the node numbers tell them apart.
+    let events = script(&["show", "events", "--count", "40"]).await;
+    for line in events.lines().filter(|l| l.contains("wait_primary")) {
+        println!("failover: planned failover, monitor: {}", line.trim());
+    }
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     // 2. The primary's postmaster killed; its keeper restarts it.
