@@ -193,13 +193,18 @@ fn db_spans_enabled() -> bool {
     tracing::span_enabled!(target: "phone::store", tracing::Level::DEBUG)
 }
 
+/// A statement's `db` span, or none while spans are off.
+fn statement_span(sql: Option<&str>) -> tracing::Span {
+    if db_spans_enabled() {
+        db_span(sql)
+    } else {
+        tracing::Span::none()
+    }
+}
+
 macro_rules! traced {
     ($self:ident, $stmt:ident, $call:ident, $params:ident) => {{
-        let span = if db_spans_enabled() {
-            db_span($stmt.text())
-        } else {
-            tracing::Span::none()
-        };
+        let span = statement_span($stmt.text());
         let started = metrics::enabled().then(Instant::now);
         let mut attempts = 0;
         let outcome = loop {
@@ -230,8 +235,23 @@ macro_rules! traced {
                 _ => break outcome,
             }
         };
-        if let Err(e) = &outcome {
-            $self.noticed(e);
+        $self.record(&span, $stmt.text(), started, &outcome);
+        outcome
+    }};
+}
+
+impl Client {
+    /// After a statement: a failure noticed (`noticed`) and marked on its
+    /// span; its duration, when metrics are on.
+    fn record<T>(
+        &self,
+        span: &tracing::Span,
+        sql: Option<&str>,
+        started: Option<Instant>,
+        outcome: &Result<T, StoreError>,
+    ) {
+        if let Err(e) = outcome {
+            self.noticed(e);
             span.record("otel.status_code", "error");
             let kind = match e {
                 StoreError::Query(e) => e.code().map_or("connection", |c| c.code()),
@@ -240,14 +260,11 @@ macro_rules! traced {
             span.record("error.type", kind);
         }
         if let Some(started) = started {
-            let (operation, collection) = summarize($stmt.text().unwrap_or(""));
+            let (operation, collection) = summarize(sql.unwrap_or(""));
             metrics::db_operation(operation, collection, outcome.is_ok(), started.elapsed());
         }
-        outcome
-    }};
-}
+    }
 
-impl Client {
     fn in_transaction(&self) -> bool {
         self.transaction.load(std::sync::atomic::Ordering::Relaxed)
     }

@@ -45,7 +45,7 @@ use std::{
 
 use tokio_postgres::{Row, SimpleQueryMessage};
 
-use super::{Client, Params, Prepared, StoreError, db_span, db_spans_enabled, metrics, summarize};
+use super::{Client, Params, Prepared, StoreError, metrics, statement_span};
 use crate::store::error::{NO_SYNC_STANDBY, STALLED, UNCONFIRMED};
 
 /// Raises SQLSTATE [`REFUSED`] unless this session's commit will wait for a
@@ -57,11 +57,6 @@ const REQUIRE_SQL: &str =
 
 /// The SQLSTATE of `phone_require_sync_standby`'s refusal.
 const REFUSED: &str = "PHSBY";
-
-/// Whether this session's commits wait for a synchronous standby's flush
-/// (`t`), as `phone_require_sync_standby` asks.
-const WAITS_SQL: &str = "SELECT current_setting('synchronous_standby_names') <> '' \
-     AND current_setting('synchronous_commit') IN ('on', 'remote_apply')";
 
 /// Whether a synchronous standby (one PostgreSQL itself waits for now:
 /// `sync` or `quorum`) reports WAL flushed up to `lsn`. Not an asynchronous
@@ -118,20 +113,18 @@ pub async fn check_privilege(pool: &super::Pool) -> Result<(), StoreError> {
 }
 
 /// For `/health`: Ok while this session's commits wait for a synchronous
-/// standby, as `phone_require_sync_standby` asks before each mail commit.
+/// standby: `phone_require_sync_standby`, the very check before each mail
+/// commit.
 pub(super) async fn commits_wait_for_a_standby(client: &Client) -> Result<(), StoreError> {
-    let answer =
-        tokio::time::timeout(Duration::from_secs(1), (**client).simple_query(WAITS_SQL)).await;
+    let answer = tokio::time::timeout(
+        Duration::from_secs(1),
+        (**client).batch_execute("SELECT phone_require_sync_standby()"),
+    )
+    .await;
     match answer {
-        Ok(Ok(messages)) => {
-            let waits = messages
-                .iter()
-                .any(|m| matches!(m, SimpleQueryMessage::Row(row) if row.get(0) == Some("t")));
-            if waits {
-                Ok(())
-            } else {
-                Err(StoreError::Unavailable(NO_SYNC_STANDBY.into()))
-            }
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) if e.code().is_some_and(|c| c.code() == REFUSED) => {
+            Err(StoreError::Unavailable(NO_SYNC_STANDBY.into()))
         }
         Ok(Err(e)) => {
             let e = StoreError::from(e);
@@ -163,11 +156,7 @@ impl Client {
         stmt: &Prepared,
         params: Params<'_>,
     ) -> Result<Vec<Row>, StoreError> {
-        let span = if db_spans_enabled() {
-            db_span(stmt.sql.as_deref())
-        } else {
-            tracing::Span::none()
-        };
+        let span = statement_span(stmt.sql.as_deref());
         let started = metrics::enabled().then(Instant::now);
         let mut attempts = 0;
         let outcome = loop {
@@ -185,14 +174,7 @@ impl Client {
                 outcome => break outcome,
             }
         };
-        if let Err(e) = &outcome {
-            self.noticed(e);
-            span.record("otel.status_code", "error");
-        }
-        if let Some(started) = started {
-            let (operation, collection) = summarize(stmt.sql.as_deref().unwrap_or(""));
-            metrics::db_operation(operation, collection, outcome.is_ok(), started.elapsed());
-        }
+        self.record(&span, stmt.sql.as_deref(), started, &outcome);
         outcome
     }
 
