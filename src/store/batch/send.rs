@@ -163,8 +163,8 @@ pub(super) static NOTIFY_SQL: std::sync::LazyLock<String> = std::sync::LazyLock:
 /// recipient's contact policy says (`contacts` is probed only for a
 /// recipient whose `uses_contacts` flag says it ever marked anyone: no
 /// row can exist otherwise) (a block wins over everything; an answer
-/// to the recipient's own message passes any other policy); `counted` and
-/// `verdict` the quotas, for the copies the policy let through (several
+/// to the recipient's own message passes any other policy); `decided`
+/// the quotas' verdict, for the copies the policy let through (several
 /// copies of one sender in the batch count in order); `stored` each copy
 /// as it is to be stored (the copies of one send share a thread and a
 /// `group_id`, the first copy's id) and `inserted` the ids that went in
@@ -175,19 +175,20 @@ pub(super) static NOTIFY_SQL: std::sync::LazyLock<String> = std::sync::LazyLock:
 /// OFFSET 0, so it stays one index probe per send whatever the planner
 /// thinks of the arrays; quota work that is off does not run (one-time
 /// filters on the parameters). Indexes: token, names, `contacts` and
-/// `correspondents` primary keys, `correspondents_recent_idx`,
-/// `messages_unread_idx`, `send_counts` primary key.
+/// `correspondents` primary keys, `messages_unread_idx`, `send_counts`
+/// primary key (and, in `phone_quota_refusal`, `correspondents_recent_idx`
+/// and `messages_unread_sender_idx`).
 ///
 /// Parts a batch cannot use are left out, not skipped: a plan's nodes are
 /// set up on every execution whether they run or not. `keyed`: some send
 /// carries an idempotency key (without, the insert has no ON CONFLICT);
 /// `grouped`: some send has several recipients (without, `stored` takes
 /// each copy as it is: only a group's copies look for earlier ones).
-/// `quotas`: some quota is on; without, `counted`, `base`, `verdict`,
-/// `hour_counted` and `met` are left out, and `decided` is `judged`.
+/// `quotas`: some quota is on; without, `hour`, `hour_counted` and `met`
+/// are left out, and `decided` is `judged`.
 pub(super) fn sends(keyed: bool, grouped: bool, quotas: bool) -> String {
     let caller = caller_by_token("r.token", "r.claimed");
-    let backlog = available_to("c.recipient_id");
+    let backlog = available_to("q.recipient_id");
     // Bare parameters: the statement runs only its generic plan
     // (`Client::query_generic`), which knows no parameter's value, so the
     // parts of quotas that are off (when another is on) stay in it and are
@@ -266,91 +267,55 @@ pub(super) fn sends(keyed: bool, grouped: bool, quotas: bool) -> String {
     if quotas {
         ctes.push(format!(
             "
-    counted AS MATERIALIZED (
-        SELECT j.ord, j.sender_id, j.recipient_id, j.known,
-               row_number() OVER (PARTITION BY j.sender_id ORDER BY j.ord) AS nth,
-               row_number() OVER (PARTITION BY j.sender_id, j.recipient_id ORDER BY j.ord) AS nth_pair,
-               j.new_pair, {new_per_day} > 0 AND j.new_pair AS first_contact,
-               sum(({new_per_day} > 0 AND j.new_pair)::int) OVER (PARTITION BY j.sender_id ORDER BY j.ord) AS nth_new
-        FROM (SELECT j.*,
-                     (({new_per_day} > 0 OR {unread_max} > 0) AND NOT EXISTS (
-                         SELECT 1 FROM correspondents x
-                         WHERE x.sender_id = j.sender_id AND x.recipient_id = j.recipient_id)) AS new_pair
-              FROM judged j
-              WHERE j.recipient_id IS NOT NULL AND j.refusal IS NULL
-                AND ({per_hour} > 0 OR {new_per_day} > 0 OR {unread_max} > 0 OR {per_sender} > 0)) j),
-    base AS MATERIALIZED (
-        SELECT s.sender_id,
-               CASE WHEN {per_hour} > 0 THEN coalesce((
-                   SELECT sc.sends FROM send_counts sc
-                   WHERE sc.sender_id = s.sender_id AND sc.hour_start > now() - interval '1 hour'), 0)
-               ELSE 0 END AS sent_this_hour,
-               -- Counted only for a sender writing to someone new in
-               -- this batch, the one case the quota looks at it: a walk
-               -- of up to {new_per_day} entries otherwise paid by every send of an
-               -- agent that met many others today.
-               CASE WHEN {new_per_day} > 0 AND s.any_new THEN (
-                   SELECT count(*) FROM (
-                       SELECT 1 FROM correspondents x
-                       WHERE x.sender_id = s.sender_id AND x.first_at > now() - interval '1 day'
-                       LIMIT {new_per_day}) y)
-               ELSE 0 END AS new_today
-        FROM (SELECT sender_id, bool_or(first_contact) AS any_new
-              FROM counted GROUP BY sender_id) s),
-    verdict AS (
-        SELECT c.ord, c.sender_id, c.recipient_id,
-               CASE WHEN {per_hour} > 0 AND b.sent_this_hour + c.nth > {per_hour} THEN 'send_quota'
-                    WHEN c.first_contact AND b.new_today + c.nth_new > {new_per_day} THEN 'new_recipient_quota'
-                    -- The backlog is counted only when it could be that
-                    -- large: it holds at most as many messages as there
-                    -- are ids from its oldest to the newest issued. A young
-                    -- backlog (pollers keeping up) costs one index probe,
-                    -- not a walk of its rows per send.
-                    WHEN span.most < least(nullif({unread_max}, 0), nullif({per_sender}, 0)) THEN NULL
-                    -- One sender's share: its unread mail in this inbox,
-                    -- its earlier sends of this batch included.
-                    WHEN {per_sender} > 0 AND span.most >= {per_sender} AND (
-                        SELECT count(*) FROM (
-                            SELECT 1 FROM messages m
-                            WHERE {backlog} AND m.sender_id = c.sender_id
-                            ORDER BY m.recipient_id, m.sender_id, m.id LIMIT {per_sender}) u) + c.nth_pair > {per_sender}
-                    THEN 'inbox_share'
-                    -- A full inbox takes no more mail from agents its owner
-                    -- does not know; its contacts, agents it wrote to and
-                    -- answers to its own mail still pass, up to twice the cap.
-                    WHEN {unread_max} > 0 AND span.most >= {unread_max} AND (
-                        SELECT count(*) FROM (
-                            SELECT 1 FROM messages m WHERE {backlog}
-                            ORDER BY {INBOX_ORDER} LIMIT {unread_max}) u) >= {unread_max}
-                         AND (NOT (c.known OR EXISTS (
-                                  SELECT 1 FROM correspondents x
-                                  WHERE x.sender_id = c.recipient_id AND x.recipient_id = c.sender_id))
-                              OR (span.most >= 2 * {unread_max} AND (
-                                  SELECT count(*) FROM (
-                                      SELECT 1 FROM messages m WHERE {backlog}
-                                      ORDER BY {INBOX_ORDER} LIMIT 2 * {unread_max}) u) >= 2 * {unread_max}))
-                    THEN 'inbox_full'
+    -- This batch's senders' sends in the current hour, read once per
+    -- sender (a group send's copies share one probe).
+    hour AS MATERIALIZED (
+        SELECT sc.sender_id, sc.sends FROM send_counts sc
+        WHERE sc.sender_id = ANY (ARRAY(SELECT sender_id FROM judged
+                                        WHERE recipient_id IS NOT NULL AND refusal IS NULL))
+          AND sc.hour_start > now() - interval '1 hour'),
+    -- The quotas, for the copies the policy let through (`quoted`; several
+    -- copies of one sender in the batch count in order: `nth`, `nth_pair`,
+    -- `nth_new`). A copy costs a probe for whether its pair is new and one
+    -- for its recipient's oldest unread message (`span`: the backlog could
+    -- hold at most as many messages as there are ids from there to the
+    -- newest issued). Only a sender writing to someone new, or to an inbox
+    -- whose backlog could be near a cap, pays for more: the counts in
+    -- `phone_quota_refusal` (migration V25), set up only when called, where
+    -- as sub-plans they were set up on every execution (bench/RESULTS.md).
+    decided AS MATERIALIZED (
+        SELECT q.ord, q.sender_id, q.recipient_id, q.new_pair,
+               CASE WHEN NOT q.quoted THEN q.refusal
+                    WHEN {per_hour} > 0 AND coalesce((
+                        SELECT h.sends FROM hour h WHERE h.sender_id = q.sender_id), 0) + q.nth > {per_hour}
+                    THEN 'send_quota'
+                    WHEN q.first_contact
+                         OR span.most >= least(nullif({unread_max}, 0), nullif({per_sender}, 0))
+                    THEN phone_quota_refusal(q.sender_id, q.recipient_id, q.known, q.first_contact,
+                                             q.nth_new, q.nth_pair, span.most,
+                                             {new_per_day}, {unread_max}, {per_sender})
                END AS refusal
-        FROM counted c
-        JOIN base b ON b.sender_id = c.sender_id
-        CROSS JOIN LATERAL (
-            SELECT CASE WHEN {unread_max} > 0 OR {per_sender} > 0 THEN
-                       (SELECT last_value FROM messages_id_seq) + 1 - coalesce((
-                           SELECT m.id FROM messages m WHERE {backlog}
-                           ORDER BY {INBOX_ORDER} LIMIT 1), 9223372036854775807)
-                   ELSE 0 END AS most
-            OFFSET 0) span),
-    -- The copies the quotas did not look at as judged, and those they did
-    -- as the verdict says: no join of the two CTEs, which the planner
-    -- made a nested loop (every copy scanning the verdicts: quadratic in
-    -- a batch of group sends).
-    decided AS (
-        SELECT j.ord, j.sender_id, j.recipient_id, j.refusal
-        FROM judged j
-        WHERE NOT (j.recipient_id IS NOT NULL AND j.refusal IS NULL
-                   AND ({per_hour} > 0 OR {new_per_day} > 0 OR {unread_max} > 0 OR {per_sender} > 0))
-        UNION ALL
-        SELECT v.ord, v.sender_id, v.recipient_id, v.refusal FROM verdict v),
+        FROM (SELECT p.*, {new_per_day} > 0 AND p.new_pair AS first_contact,
+                     row_number() OVER (PARTITION BY p.quoted, p.sender_id ORDER BY p.ord) AS nth,
+                     row_number() OVER (PARTITION BY p.quoted, p.sender_id, p.recipient_id
+                                        ORDER BY p.ord) AS nth_pair,
+                     sum(({new_per_day} > 0 AND p.new_pair)::int)
+                         OVER (PARTITION BY p.quoted, p.sender_id ORDER BY p.ord) AS nth_new
+              -- OFFSET 0: `new_pair` is probed once per copy. Pulled up
+              -- into the window's expressions, it was probed three times.
+              FROM (SELECT j.*, j.recipient_id IS NOT NULL AND j.refusal IS NULL AS quoted,
+                           j.recipient_id IS NOT NULL AND j.refusal IS NULL
+                           AND ({new_per_day} > 0 OR {unread_max} > 0) AND NOT EXISTS (
+                               SELECT 1 FROM correspondents x
+                               WHERE x.sender_id = j.sender_id AND x.recipient_id = j.recipient_id)
+                               AS new_pair
+                    FROM judged j OFFSET 0) p) q
+        LEFT JOIN LATERAL (
+            SELECT (SELECT last_value FROM messages_id_seq) + 1 - coalesce((
+                       SELECT m.id FROM messages m WHERE {backlog}
+                       ORDER BY {INBOX_ORDER} LIMIT 1), 9223372036854775807) AS most
+            WHERE q.quoted AND ({unread_max} > 0 OR {per_sender} > 0)
+            OFFSET 0) span ON true),
 "
         ));
     } else {
@@ -484,7 +449,7 @@ pub(super) fn sends(keyed: bool, grouped: bool, quotas: bool) -> String {
                          ELSE sc.sends + excluded.sends END,
             hour_start = CASE WHEN sc.hour_start <= now() - interval '1 hour' THEN now()
                               ELSE sc.hour_start END),
-    -- Only pairs `counted` found new: a known pair (most sends) costs no
+    -- Only pairs `decided` found new: a known pair (most sends) costs no
     -- second probe of the primary key here.
     met AS (
         INSERT INTO correspondents (sender_id, recipient_id)
@@ -492,7 +457,7 @@ pub(super) fn sends(keyed: bool, grouped: bool, quotas: bool) -> String {
         -- not a semi-join of two CTEs, which the planner made a nested loop.
         SELECT DISTINCT i.sender_id, i.recipient_id FROM inserted i
         WHERE coalesce((i.sender_id, i.recipient_id) IN (
-                  SELECT c.sender_id, c.recipient_id FROM counted c WHERE c.new_pair), false)
+                  SELECT d.sender_id, d.recipient_id FROM decided d WHERE d.new_pair), false)
         ON CONFLICT DO NOTHING),
 "
         ));
