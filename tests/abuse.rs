@@ -329,104 +329,66 @@ async fn quotas_set_to_zero_are_off_and_keep_no_bookkeeping() {
     app.stop().await;
 }
 
-/// The copies of one statement count against the quotas in order: a group
-/// send to five new recipients under a quota of three first contacts a day
-/// stores the first three; under an hourly quota of four, a group send to
-/// six stores the first four; six sends at once to one inbox (batched
-/// together or not) leave the sender's share of it (two) and no more.
+/// The copies of one statement count against the quotas in order, and
+/// only those the contact policy let through: a group send to a closed
+/// agent, an unknown name and five new recipients, under a quota of three
+/// first contacts a day, stores the first three new ones; under an hourly
+/// quota of four, the same with six stores the first four.
 #[tokio::test]
 async fn the_copies_of_one_batch_count_against_the_quotas_in_order() {
-    let app = spawn_app_with(&[
-        ("PHONE_SEND_QUOTA_PER_HOUR", "0"),
-        ("PHONE_NEW_RECIPIENT_QUOTA_PER_DAY", "3"),
-        ("PHONE_INBOX_UNREAD_MAX", "0"),
-        ("PHONE_INBOX_UNREAD_PER_SENDER", "2"),
-    ])
-    .await;
-    let c = app.client().await;
-    let boss = register(&c, "boss", "B", "p").await;
-    let names: Vec<String> = (0..5).map(|i| format!("t{i}")).collect();
-    for name in &names {
-        register(&c, name, "T", "p").await;
-    }
-    let out = ok(
-        &c,
-        "phone_send",
-        boss.with(json!({"to": names, "body": "hello, new people"})),
-    )
-    .await;
-    let stored: Vec<bool> = out["recipients"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r.get("error").is_none())
+    for (quota, limit, new) in [
+        ("PHONE_NEW_RECIPIENT_QUOTA_PER_DAY", 3, 5),
+        ("PHONE_SEND_QUOTA_PER_HOUR", 4, 6),
+    ] {
+        let limit_text = limit.to_string();
+        let mut env: Vec<(&str, &str)> = [
+            "PHONE_SEND_QUOTA_PER_HOUR",
+            "PHONE_NEW_RECIPIENT_QUOTA_PER_DAY",
+            "PHONE_INBOX_UNREAD_MAX",
+            "PHONE_INBOX_UNREAD_PER_SENDER",
+        ]
+        .into_iter()
+        .filter(|k| *k != quota)
+        .map(|k| (k, "0"))
         .collect();
-    assert_eq!(stored, [true, true, true, false, false], "{out}");
-    assert!(
-        out["recipients"][3]["error"]
-            .as_str()
-            .unwrap()
-            .contains("first messages to new recipients today"),
-        "{out}"
-    );
-    // t0 holds one unread message from boss: one more fits its share.
-    let sends = (0..6).map(|i| {
-        let args = boss.with(json!({"to": "t0", "body": format!("more {i}")}));
-        let c = &c;
-        async move { call(c, "phone_send", args).await }
-    });
-    let results = join_all(sends).await;
-    let refused: Vec<String> = results
-        .iter()
-        .filter(|r| r.is_error == Some(true))
-        .map(text)
-        .collect();
-    assert_eq!(refused.len(), 5, "{refused:?}");
-    assert!(
-        refused
+        env.push((quota, &limit_text));
+        let app = spawn_app_with(&env).await;
+        let c = app.client().await;
+        let boss = register(&c, "boss", "B", "p").await;
+        let closed = register(&c, "closed", "C", "p").await;
+        ok(
+            &c,
+            "phone_settings",
+            closed.with(json!({"contact_policy": "closed"})),
+        )
+        .await;
+        let mut to = vec!["closed".to_owned(), "nobody".to_owned()];
+        for i in 0..new {
+            let name = format!("t{i}");
+            register(&c, &name, "T", "p").await;
+            to.push(name);
+        }
+        let out = ok(
+            &c,
+            "phone_send",
+            boss.with(json!({"to": to, "body": "hello, everyone"})),
+        )
+        .await;
+        let recipients = out["recipients"].as_array().unwrap();
+        let stored: Vec<bool> = recipients
             .iter()
-            .all(|e| e.contains("your share of its inbox is full")),
-        "{refused:?}"
-    );
-    assert_eq!(
-        app.count("SELECT count(*) FROM messages WHERE recipient_id = (SELECT id FROM agents WHERE name = 't0')")
-            .await,
-        2
-    );
-    app.stop().await;
-
-    let app = spawn_app_with(&[
-        ("PHONE_SEND_QUOTA_PER_HOUR", "4"),
-        ("PHONE_NEW_RECIPIENT_QUOTA_PER_DAY", "0"),
-        ("PHONE_INBOX_UNREAD_MAX", "0"),
-        ("PHONE_INBOX_UNREAD_PER_SENDER", "0"),
-    ])
-    .await;
-    let c = app.client().await;
-    let boss = register(&c, "boss", "B", "p").await;
-    let names: Vec<String> = (0..6).map(|i| format!("t{i}")).collect();
-    for name in &names {
-        register(&c, name, "T", "p").await;
+            .map(|r| r.get("error").is_none())
+            .collect();
+        let expected: Vec<bool> = (0..to.len()).map(|i| i >= 2 && i < 2 + limit).collect();
+        assert_eq!(stored, expected, "{quota}: {out}");
+        let reason = match quota {
+            "PHONE_SEND_QUOTA_PER_HOUR" => "messages this hour",
+            _ => "first messages to new recipients today",
+        };
+        for r in &recipients[2 + limit..] {
+            let error = r["error"].as_str().unwrap();
+            assert!(error.contains(reason), "{quota}: {out}");
+        }
+        app.stop().await;
     }
-    let out = ok(
-        &c,
-        "phone_send",
-        boss.with(json!({"to": names, "body": "hello, all six"})),
-    )
-    .await;
-    let stored: Vec<bool> = out["recipients"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r.get("error").is_none())
-        .collect();
-    assert_eq!(stored, [true, true, true, true, false, false], "{out}");
-    let err = tool_err(
-        &c,
-        "phone_send",
-        boss.with(json!({"to": "t0", "body": "later"})),
-    )
-    .await;
-    assert!(err.contains("messages this hour"), "{err}");
-    app.stop().await;
 }

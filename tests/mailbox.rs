@@ -1832,6 +1832,111 @@ async fn every_shape_of_the_mail_statement_runs() {
     app.stop().await;
 }
 
+/// Several sends of one sender to one inbox in one statement (a batch can
+/// carry them: calls from parallel connections) leave the sender's share of
+/// that inbox and no more, an empty inbox included: the backlog's bound
+/// counts the statement's earlier copies of the pair. A copy the contact
+/// policy refused, ahead of them, counts for nothing. Run through the
+/// statement itself, as a batch would: the tests' calls cannot be made to
+/// share a batch for certain.
+#[tokio::test]
+async fn one_statement_of_sends_to_one_inbox_keeps_the_senders_share() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let db = app.db().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    register(&c, "bob", "B", "p").await;
+    let closed = register(&c, "closed", "C", "p").await;
+    ok(
+        &c,
+        "phone_settings",
+        closed.with(json!({"contact_policy": "closed"})),
+    )
+    .await;
+    let (sql, types) = phone::store::every_mail_statement()
+        .into_iter()
+        .find(|(sql, _)| {
+            sql.contains("sreq AS")
+                && sql.contains("hour_counted AS")
+                && !sql.contains("preq AS")
+                && !sql.contains("WINDOW same_send")
+                && !sql.contains("ON CONFLICT (sender_id, idempotency_key)")
+        })
+        .expect("the shape of plain sends under quotas");
+    let stmt = db.prepare_typed(sql, types).await.unwrap();
+    let to = ["closed", "bob", "bob", "bob"];
+    let n = to.len();
+    let token = Sha256::digest(alice.token.as_bytes()).to_vec();
+    let (per_hour, new_per_day, unread_max, per_sender) = (0_i32, 0_i32, 0_i32, 2_i32);
+    let rows = db
+        .query(
+            &stmt,
+            &[
+                &vec![token; n],
+                &vec![None::<String>; n],
+                &to.to_vec(),
+                &vec![None::<String>; n],
+                &(0..n).map(|i| format!("note {i}")).collect::<Vec<_>>(),
+                &vec![None::<i64>; n],
+                &vec![None::<i64>; n],
+                &vec![None::<String>; n],
+                &vec![None::<i64>; n],
+                &Vec::<Vec<u8>>::new(),
+                &Vec::<Option<String>>::new(),
+                &Vec::<i64>::new(),
+                &100_i64,
+                &Vec::<i64>::new(),
+                &Vec::<Option<f64>>::new(),
+                &Vec::<Option<i32>>::new(),
+                &vec![false; n],
+                &per_hour,
+                &new_per_day,
+                &unread_max,
+                &per_sender,
+                &100_i32,
+                &vec![None::<f64>; n],
+                &(1..=n as i64).collect::<Vec<_>>(),
+                &Vec::<i64>::new(),
+                &Vec::<i64>::new(),
+                &Vec::<Option<i32>>::new(),
+                &100_000_i64,
+            ],
+        )
+        .await
+        .unwrap();
+    let mut decided: Vec<(i64, Option<String>, bool)> = rows
+        .iter()
+        .filter(|r| r.get::<_, Option<bool>>("is_poll") == Some(false))
+        .map(|r| {
+            (
+                r.get::<_, i64>("ord"),
+                r.get::<_, Option<String>>("refusal"),
+                r.get::<_, Option<i64>>("id").is_some(),
+            )
+        })
+        .collect();
+    decided.sort();
+    let refusals: Vec<(Option<&str>, bool)> = decided
+        .iter()
+        .map(|(_, refusal, stored)| (refusal.as_deref(), *stored))
+        .collect();
+    assert_eq!(
+        refusals,
+        [
+            (Some("refused"), false),
+            (None, true),
+            (None, true),
+            (Some("inbox_share"), false)
+        ],
+        "(refusal, stored) of each copy"
+    );
+    let held = app
+        .count("SELECT count(*) FROM messages m JOIN agents a ON a.id = m.recipient_id WHERE a.name = 'bob'")
+        .await;
+    assert_eq!(held, 2);
+    app.stop().await;
+}
+
 /// Sends and polls queued together run as one statement of their shape, and
 /// each call gets what it asked for. A broken shape would not fail its
 /// calls (a refused batch is run again call by call, in shapes of one), so

@@ -176,8 +176,8 @@ pub(super) static NOTIFY_SQL: std::sync::LazyLock<String> = std::sync::LazyLock:
 /// thinks of the arrays; quota work that is off does not run (one-time
 /// filters on the parameters). Indexes: token, names, `contacts` and
 /// `correspondents` primary keys, `messages_unread_idx`, `send_counts`
-/// primary key (and, in `phone_quota_refusal`, `correspondents_recent_idx`
-/// and `messages_unread_sender_idx`).
+/// primary key (and, in the functions of migration V25,
+/// `correspondents_recent_idx` and `messages_unread_sender_idx`).
 ///
 /// Parts a batch cannot use are left out, not skipped: a plan's nodes are
 /// set up on every execution whether they run or not. `keyed`: some send
@@ -280,40 +280,51 @@ pub(super) fn sends(keyed: bool, grouped: bool, quotas: bool) -> String {
     -- for its recipient's oldest unread message (`span`: the backlog could
     -- hold at most as many messages as there are ids from there to the
     -- newest issued). Only a sender writing to someone new, or to an inbox
-    -- whose backlog could be near a cap, pays for more: the counts in
-    -- `phone_quota_refusal` (migration V25), set up only when called, where
-    -- as sub-plans they were set up on every execution (bench/RESULTS.md).
+    -- whose backlog could be near a cap, pays for more: its counts run in
+    -- functions (migration V25), set up only when called, where as
+    -- sub-plans they were set up on every execution (bench/RESULTS.md).
+    -- New recipients today are counted once per sender, at its first new
+    -- pair of the batch.
     decided AS MATERIALIZED (
         SELECT q.ord, q.sender_id, q.recipient_id, q.new_pair,
                CASE WHEN NOT q.quoted THEN q.refusal
                     WHEN {per_hour} > 0 AND coalesce((
                         SELECT h.sends FROM hour h WHERE h.sender_id = q.sender_id), 0) + q.nth > {per_hour}
                     THEN 'send_quota'
-                    WHEN q.first_contact
-                         OR span.most >= least(nullif({unread_max}, 0), nullif({per_sender}, 0))
-                    THEN phone_quota_refusal(q.sender_id, q.recipient_id, q.known, q.first_contact,
-                                             q.nth_new, q.nth_pair, span.most,
-                                             {new_per_day}, {unread_max}, {per_sender})
+                    WHEN q.first_contact AND q.new_today + q.nth_new > {new_per_day}
+                    THEN 'new_recipient_quota'
+                    -- The backlog's bound counts this batch's earlier
+                    -- copies of the pair: the share holds for copies of
+                    -- one statement too.
+                    WHEN span.most + q.nth_pair - 1 >= least(nullif({unread_max}, 0), nullif({per_sender}, 0))
+                    THEN phone_backlog_refusal(q.sender_id, q.recipient_id, q.known, q.nth_pair,
+                                               span.most, {unread_max}, {per_sender})
                END AS refusal
-        FROM (SELECT p.*, {new_per_day} > 0 AND p.new_pair AS first_contact,
-                     row_number() OVER (PARTITION BY p.quoted, p.sender_id ORDER BY p.ord) AS nth,
-                     row_number() OVER (PARTITION BY p.quoted, p.sender_id, p.recipient_id
-                                        ORDER BY p.ord) AS nth_pair,
-                     sum(({new_per_day} > 0 AND p.new_pair)::int)
-                         OVER (PARTITION BY p.quoted, p.sender_id ORDER BY p.ord) AS nth_new
-              -- OFFSET 0: `new_pair` is probed once per copy. Pulled up
-              -- into the window's expressions, it was probed three times.
-              FROM (SELECT j.*, j.recipient_id IS NOT NULL AND j.refusal IS NULL AS quoted,
-                           j.recipient_id IS NOT NULL AND j.refusal IS NULL
-                           AND ({new_per_day} > 0 OR {unread_max} > 0) AND NOT EXISTS (
-                               SELECT 1 FROM correspondents x
-                               WHERE x.sender_id = j.sender_id AND x.recipient_id = j.recipient_id)
-                               AS new_pair
-                    FROM judged j OFFSET 0) p) q
+        FROM (SELECT w.*,
+                     max(CASE WHEN w.first_contact AND w.nth_new = 1
+                              THEN phone_new_recipients_today(w.sender_id, {new_per_day}) END)
+                         OVER (PARTITION BY w.quoted, w.sender_id) AS new_today
+              FROM (SELECT p.*, {new_per_day} > 0 AND p.new_pair AS first_contact,
+                           row_number() OVER (PARTITION BY p.quoted, p.sender_id ORDER BY p.ord) AS nth,
+                           row_number() OVER (PARTITION BY p.quoted, p.sender_id, p.recipient_id
+                                              ORDER BY p.ord) AS nth_pair,
+                           sum(({new_per_day} > 0 AND p.new_pair)::int)
+                               OVER (PARTITION BY p.quoted, p.sender_id ORDER BY p.ord) AS nth_new
+                    -- OFFSET 0: `new_pair` is probed once per copy. Pulled
+                    -- up into the window's expressions, it was probed three
+                    -- times.
+                    FROM (SELECT j.*, j.recipient_id IS NOT NULL AND j.refusal IS NULL AS quoted,
+                                 j.recipient_id IS NOT NULL AND j.refusal IS NULL
+                                 AND ({new_per_day} > 0 OR {unread_max} > 0) AND NOT EXISTS (
+                                     SELECT 1 FROM correspondents x
+                                     WHERE x.sender_id = j.sender_id AND x.recipient_id = j.recipient_id)
+                                     AS new_pair
+                          FROM judged j OFFSET 0) p) w) q
         LEFT JOIN LATERAL (
-            SELECT (SELECT last_value FROM messages_id_seq) + 1 - coalesce((
+            -- 0 for an empty backlog.
+            SELECT coalesce((SELECT last_value FROM messages_id_seq) + 1 - (
                        SELECT m.id FROM messages m WHERE {backlog}
-                       ORDER BY {INBOX_ORDER} LIMIT 1), 9223372036854775807) AS most
+                       ORDER BY {INBOX_ORDER} LIMIT 1), 0) AS most
             WHERE q.quoted AND ({unread_max} > 0 OR {per_sender} > 0)
             OFFSET 0) span ON true),
 "
@@ -490,3 +501,28 @@ pub(super) fn sends(keyed: bool, grouped: bool, quotas: bool) -> String {
 
 /// The callers of `SENDS`, for the presence write.
 pub(super) const SENDERS: &str = "SELECT sender_id AS id, last_seen_at FROM resolved";
+
+#[cfg(test)]
+mod tests {
+    use crate::store::fragments::{INBOX_ORDER, available_to};
+
+    /// The quotas' functions (migration V25, which cannot change once
+    /// deployed) judge a backlog by the same conditions as the statement.
+    #[test]
+    fn the_quota_functions_read_the_backlog_as_the_statement_does() {
+        let words = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+        let migration = words(include_str!(
+            "../../../migrations/V25__quota_rare_checks.sql"
+        ));
+        let backlog = words(&available_to("to_id"));
+        assert_eq!(migration.matches(&backlog).count(), 3, "{backlog}");
+        assert_eq!(
+            migration
+                .matches(&format!("ORDER BY {INBOX_ORDER} LIMIT"))
+                .count(),
+            2
+        );
+        // A VOLATILE function would see the statement's own writes.
+        assert_eq!(migration.matches("STABLE AS $$").count(), 2);
+    }
+}
