@@ -31,8 +31,9 @@ $$;
 -- its owner knows (`known`: a contact, or an answer to its own mail; or an
 -- agent it wrote to) up to twice the cap. `most` is the most unread messages
 -- the backlog could hold (ids from its oldest unread to the newest issued):
--- the statement calls this only when that, with the batch's earlier copies of
--- the pair, could reach a cap. A quota of 0 is off.
+-- the statement calls this only when that could reach the inbox's cap, or,
+-- with the batch's earlier copies of the pair, the sender's share. A quota of 0
+-- is off.
 CREATE FUNCTION phone_backlog_refusal(
     from_id bigint, to_id bigint, known boolean, nth_pair bigint, most bigint,
     unread_max int, per_sender int)

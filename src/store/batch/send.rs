@@ -293,10 +293,11 @@ pub(super) fn sends(keyed: bool, grouped: bool, quotas: bool) -> String {
                     THEN 'send_quota'
                     WHEN q.first_contact AND q.new_today + q.nth_new > {new_per_day}
                     THEN 'new_recipient_quota'
-                    -- The backlog's bound counts this batch's earlier
-                    -- copies of the pair: the share holds for copies of
-                    -- one statement too.
-                    WHEN span.most + q.nth_pair - 1 >= least(nullif({unread_max}, 0), nullif({per_sender}, 0))
+                    -- For the share, the backlog's bound counts this
+                    -- batch's earlier copies of the pair: it holds for
+                    -- copies of one statement too.
+                    WHEN span.most >= nullif({unread_max}, 0)
+                         OR span.most + q.nth_pair - 1 >= nullif({per_sender}, 0)
                     THEN phone_backlog_refusal(q.sender_id, q.recipient_id, q.known, q.nth_pair,
                                                span.most, {unread_max}, {per_sender})
                END AS refusal
