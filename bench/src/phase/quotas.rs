@@ -1,7 +1,8 @@
 //! Two servers side by side, in one run: the send+poll pairs of `mix`
 //! (16 agents in 8 pairs, closed loop) against two replicas on one
 //! database, alternated over rounds, each run after the same settling;
-//! ratio = sends/s of (b) ÷ (a), the median of the rounds' ratios.
+//! ratio = sends/s of (b) ÷ (a), the median of the rounds' ratios. Each
+//! run on a replica started for it.
 //!
 //! - `quotas`: one replica of this build with every quota off
 //!   (`PHONE_SEND_QUOTA_PER_HOUR`, `PHONE_NEW_RECIPIENT_QUOTA_PER_DAY`,
@@ -171,8 +172,8 @@ async fn versus(
     };
     // On one database the older build first: it migrates it to its schema,
     // the newer one then adds its own migrations.
-    let a = start_replicas_bin(opts, databases[0], 1, port, names[0], env_a, bin_a).await?;
-    let b = start_replicas_bin(opts, databases[1], 1, port + 1, names[1], &[], None).await?;
+    let mut a = start_replicas_bin(opts, databases[0], 1, port, names[0], env_a, bin_a).await?;
+    let mut b = start_replicas_bin(opts, databases[1], 1, port + 1, names[1], &[], None).await?;
     let mut out = QuotaReport {
         before: before.map(|p| p.display().to_string()),
         ..QuotaReport::default()
@@ -196,6 +197,19 @@ async fn versus(
                 [true, false]
             };
             for second in order {
+                // A fresh replica for each run: one replica can keep a pace
+                // of its own, ~20% apart, for its whole life (bench/RESULTS.md,
+                // the quota rewrite's addendum), which alternating rounds
+                // does not cancel; a new process makes each round a new draw.
+                if second {
+                    stop_replicas(std::mem::take(&mut b)).await;
+                    b = start_replicas_bin(opts, databases[1], 1, port + 1, names[1], &[], None)
+                        .await?;
+                } else {
+                    stop_replicas(std::mem::take(&mut a)).await;
+                    a = start_replicas_bin(opts, databases[0], 1, port, names[0], env_a, bin_a)
+                        .await?;
+                }
                 let tg = targets(if second { &b } else { &a });
                 let (qdb, agents) = if second {
                     (&qdbs[1], &agents_b)
@@ -284,7 +298,7 @@ pub(crate) fn section(w: &mut String, r: &QuotaReport, mode: &Mode) {
     };
     let _ = writeln!(
         w,
-        "The send+poll pairs of section 1 (closed loop, one connection per agent, agents in pairs) against {what}. Alternated, {} rounds, the first kind of each round alternating; each run after `VACUUM (ANALYZE)` and `CHECKPOINT`, {:.1} s warm-up, {:.1} s measured; sends/s from the database. Headline: the median of the rounds' ratios.\n",
+        "The send+poll pairs of section 1 (closed loop, one connection per agent, agents in pairs) against {what}. Alternated, {} rounds, the first kind of each round alternating; each run on a replica started for it, after `VACUUM (ANALYZE)` and `CHECKPOINT`, {:.1} s warm-up, {:.1} s measured; sends/s from the database. Headline: the median of the rounds' ratios.\n",
         mode.ab_rounds,
         mode.warmup.as_secs_f64(),
         mode.measure.as_secs_f64()
