@@ -359,12 +359,7 @@ async fn the_copies_of_one_batch_count_against_the_quotas_in_order() {
         let c = app.client().await;
         let boss = register(&c, "boss", "B", "p").await;
         let closed = register(&c, "closed", "C", "p").await;
-        ok(
-            &c,
-            "phone_settings",
-            closed.with(json!({"contact_policy": "closed"})),
-        )
-        .await;
+        set_policy(&c, &closed, "closed").await;
         register(&c, "known", "K", "p").await;
         ok(
             &c,

@@ -1847,12 +1847,7 @@ async fn one_statement_of_sends_to_one_inbox_keeps_the_senders_share() {
     let db = app.db().await;
     let alice = register(&c, "alice", "A", "p").await;
     let bob = register(&c, "bob", "B", "p").await;
-    ok(
-        &c,
-        "phone_settings",
-        bob.with(json!({"contact_policy": "closed"})),
-    )
-    .await;
+    set_policy(&c, &bob, "closed").await;
     let (sql, types) = phone::store::every_mail_statement()
         .into_iter()
         .find(|(sql, _)| {

@@ -775,12 +775,3 @@ async fn boss_and_a_closed_recipient(c: &Client) -> (Agent, Agent, Agent) {
     set_policy(c, &late, "closed").await;
     (boss, a, late)
 }
-
-async fn set_policy(c: &Client, agent: &Agent, policy: &str) {
-    ok(
-        c,
-        "phone_settings",
-        agent.with(json!({"contact_policy": policy})),
-    )
-    .await;
-}

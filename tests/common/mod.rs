@@ -283,6 +283,16 @@ pub async fn sent_and_leased(
     )
 }
 
+/// Sets `agent`'s contact policy (`open`, `project`, `contacts`, `closed`).
+pub async fn set_policy(c: &Client, agent: &Agent, policy: &str) {
+    ok(
+        c,
+        "phone_settings",
+        agent.with(json!({"contact_policy": policy})),
+    )
+    .await;
+}
+
 pub async fn register(client: &Client, name: &str, description: &str, project: &str) -> Agent {
     let out = ok(
         client,
