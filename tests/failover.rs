@@ -790,6 +790,40 @@ async fn with_require_sync_standby_mail_is_acknowledged_only_where_a_standby_hol
         1,
         "a refused poll marked mail read"
     );
+    // Every other change a caller is told is done, too: a registration
+    // rolled back by a failover would leave its token working nowhere and
+    // its name free for anyone; a lost block, a stranger let in again.
+    let refused = |r: &rmcp::model::CallToolResult| {
+        let why = text(r);
+        assert!(
+            r.is_error == Some(true)
+                && why.contains("no synchronous standby")
+                && why.contains("nothing was done"),
+            "{why}"
+        );
+    };
+    refused(
+        &call(
+            &c,
+            "phone_register",
+            json!({"name": "dave", "description": "D", "project": "p"}),
+        )
+        .await,
+    );
+    refused(&call(&c, "phone_settings", bob.with(json!({"contact_policy": "contacts"}))).await);
+    refused(&call(&c, "phone_settings", bob.with(json!({"block": ["alice"]}))).await);
+    assert_eq!(
+        count("SELECT count(*) FROM agents WHERE name = 'dave'").await,
+        0
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM agents WHERE name = 'bob' AND contact_policy = 'open'").await,
+        1
+    );
+    assert_eq!(count("SELECT count(*) FROM contacts").await, 0);
+    // What only reads goes on.
+    let found = ok(&c, "phone_search", json!({"query": "alice"})).await;
+    assert!(found.to_string().contains("alice"), "{found}");
 
     // Until commits wait for a standby: the checkpointer decides that, and
     // reads a reloaded setting later than the sessions do. A probe commit of
@@ -843,7 +877,7 @@ async fn with_require_sync_standby_mail_is_acknowledged_only_where_a_standby_hol
     // A send whose commit waits for a standby named 'nobody': its task,
     // awaited once the test has let the commit go.
     #[allow(clippy::async_yields_async)]
-    let waiting_send = async |body: &'static str, key: &'static str| {
+    let waiting_call = async |tool: &'static str, args: Value| {
         set(
             "ALTER SYSTEM SET synchronous_standby_names = 'nobody'",
             "synchronous_standby_names",
@@ -852,13 +886,12 @@ async fn with_require_sync_standby_mail_is_acknowledged_only_where_a_standby_hol
         .await;
         commits_wait().await;
         let sending = {
-            let args = send(body, key);
             let c = app.client().await;
-            tokio::spawn(async move { call(&c, "phone_send", args).await })
+            tokio::spawn(async move { call(&c, tool, args).await })
         };
         wait_until_for(
             &db,
-            "the send's commit waits for a synchronous standby",
+            "the call's commit waits for a synchronous standby",
             "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
              WHERE datname = current_database() AND wait_event = 'SyncRep' AND query = 'COMMIT')",
             Duration::from_secs(10),
@@ -866,6 +899,8 @@ async fn with_require_sync_standby_mail_is_acknowledged_only_where_a_standby_hol
         .await;
         sending
     };
+    let waiting_send =
+        async |body: &'static str, key: &'static str| waiting_call("phone_send", send(body, key)).await;
     let clear = async || {
         set(
             "ALTER SYSTEM RESET synchronous_standby_names",
@@ -890,6 +925,19 @@ async fn with_require_sync_standby_mail_is_acknowledged_only_where_a_standby_hol
     let sending = waiting_send("three", "k3").await;
     clear().await;
     unknown(&sending.await.unwrap());
+    // So is a change of settings that was committed unconfirmed.
+    let changing = waiting_call(
+        "phone_settings",
+        bob.with(json!({"contact_policy": "project"})),
+    )
+    .await;
+    clear().await;
+    let r = changing.await.unwrap();
+    assert!(
+        r.is_error == Some(true) && text(&r).contains("outcome is unknown"),
+        "{}",
+        text(&r)
+    );
 
     // The same with no standby at all.
     standby.stop("fast").await;
@@ -927,6 +975,9 @@ async fn with_require_sync_standby_mail_is_acknowledged_only_where_a_standby_hol
         count("SELECT count(*) FROM messages WHERE body IN ('two', 'three', 'four', 'five')").await,
         4
     );
+    register(&c, "dave", "D", "p").await;
+    ok(&c, "phone_settings", bob.with(json!({"block": ["alice"]}))).await;
+    assert_eq!(count("SELECT count(*) FROM contacts WHERE is_blocked").await, 1);
     app.stop().await;
 
     // 3. A role that cannot see the standbys' positions would commit every

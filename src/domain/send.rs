@@ -430,7 +430,10 @@ impl Phone {
     ) -> Result<(), PhoneError> {
         let store = self.store.clone();
         let repair = self.store.run_detached(async move {
-            let db = store.db().await?;
+            // Unguarded: the copies are committed (and confirmed) already,
+            // so "nothing was done" would be wrong; a group left half-mended
+            // by a failover is mended by a retry of the send.
+            let db = store.db().await?.unguarded();
             let done = if ids.is_empty() {
                 store::messages::heal_groups(&db, &[group]).await
             } else {

@@ -108,11 +108,14 @@ pub async fn update_entry(
     description: &str,
     project: &str,
 ) -> Result<bool, StoreError> {
-    let stmt = db.prepare_cached(UPDATE_ENTRY).await?;
-    Ok(db
-        .query_opt(&stmt, &[&name, &token_hash, &description, &project])
-        .await?
-        .is_some())
+    db.acknowledged(async |db| {
+        let stmt = db.prepare_cached(UPDATE_ENTRY).await?;
+        Ok(db
+            .query_opt(&stmt, &[&name, &token_hash, &description, &project])
+            .await?
+            .is_some())
+    })
+    .await
 }
 
 /// `$1` name. Index: `agents_active_name_idx`.
@@ -187,11 +190,14 @@ pub async fn replace_token(
     id: i64,
     token_hash: &[u8],
 ) -> Result<Option<String>, StoreError> {
-    let stmt = db.prepare_cached(REPLACE_TOKEN).await?;
-    Ok(db
-        .query_opt(&stmt, &[&id, &token_hash])
-        .await?
-        .map(|r| r.get("name")))
+    db.acknowledged(async |db| {
+        let stmt = db.prepare_cached(REPLACE_TOKEN).await?;
+        Ok(db
+            .query_opt(&stmt, &[&id, &token_hash])
+            .await?
+            .map(|r| r.get("name")))
+    })
+    .await
 }
 
 #[derive(Debug, Clone)]

@@ -92,8 +92,13 @@ pub async fn session(db: &Client, secret_hash: &[u8]) -> Result<Option<Session>,
 const DELETE: &str = "DELETE FROM console_sessions WHERE secret_hash = $1";
 
 pub async fn delete_session(db: &Client, secret_hash: &[u8]) -> Result<bool, StoreError> {
-    let stmt = db.prepare_cached(DELETE).await?;
-    Ok(db.execute(&stmt, &[&secret_hash]).await? > 0)
+    // Acknowledged: a sign-out a failover rolled back would leave the
+    // session working.
+    db.acknowledged(async |db| {
+        let stmt = db.prepare_cached(DELETE).await?;
+        Ok(db.execute(&stmt, &[&secret_hash]).await? > 0)
+    })
+    .await
 }
 
 /// A message as its recipient's console lists it, with where it stands.

@@ -400,13 +400,16 @@ pub async fn give_back(db: &Client, polled: &Polled) -> Result<Vec<i64>, StoreEr
     let leased: Vec<Option<DateTime<Utc>>> =
         polled.messages.iter().map(|m| m.leased_until).collect();
     let count: Vec<i32> = polled.messages.iter().map(|m| m.delivery_count).collect();
-    let stmt = db.prepare_cached(GIVE_BACK).await?;
-    Ok(db
-        .query(&stmt, &[&recipient, &ids, &read_at, &leased, &count])
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect())
+    db.acknowledged(async |db| {
+        let stmt = db.prepare_cached(GIVE_BACK).await?;
+        Ok(db
+            .query(&stmt, &[&recipient, &ids, &read_at, &leased, &count])
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
+    })
+    .await
 }
 
 /// [`give_back`] on a pooled connection, retried with backoff (0.1 s
@@ -540,9 +543,12 @@ pub async fn ack(
 ) -> Result<Option<Vec<AckOutcome>>, StoreError> {
     let ids: Vec<i64> = wanted.iter().map(|w| w.0).collect();
     let deliveries: Vec<Option<i32>> = wanted.iter().map(|w| w.1).collect();
-    let stmt = db.prepare_cached(&ACK).await?;
     let rows = db
-        .query(&stmt, &[&token_hash, &claimed, &ids, &deliveries])
+        .acknowledged(async |db| {
+            let stmt = db.prepare_cached(&ACK).await?;
+            db.query(&stmt, &[&token_hash, &claimed, &ids, &deliveries])
+                .await
+        })
         .await?;
     if rows.is_empty() {
         return Ok(None);

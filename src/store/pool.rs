@@ -24,7 +24,16 @@ pub use standby::check_privilege as check_standby_privilege;
 /// The connection pool. Derefs to deadpool's pool (status, close, …);
 /// `get` hands out a [`Client`] whose statements are traced and timed.
 #[derive(Clone)]
-pub struct Pool(deadpool_postgres::Pool, Duration, Arc<Stale>);
+pub struct Pool(deadpool_postgres::Pool, Duration, Arc<Stale>, Guard);
+
+/// `PHONE_REQUIRE_SYNC_STANDBY`: whether a [`Client`]'s transactions commit
+/// only where a synchronous standby confirms them (`standby.rs`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Guard {
+    #[default]
+    Off,
+    SyncStandby,
+}
 
 impl Pool {
     /// How long a caller waits for a connection before hearing "busy".
@@ -57,6 +66,7 @@ impl Pool {
             transaction: Default::default(),
             retried_whole: Default::default(),
             stale: self.2.clone(),
+            guard: self.3,
         })
     }
 }
@@ -94,6 +104,9 @@ pub struct Client {
     /// a conflict to it, which retries `SET`, statement and `RESET`
     /// together (alone, the statement would run after the `RESET`).
     retried_whole: std::sync::atomic::AtomicBool,
+    /// What [`Client::transaction`] and [`Client::acknowledged`] make sure
+    /// of before a caller hears that its change is done.
+    guard: Guard,
 }
 
 impl Deref for Client {
@@ -292,6 +305,12 @@ impl Client {
     /// Runs `work` between `BEGIN` and `COMMIT` (`ROLLBACK` when it fails).
     /// Its statements are not retried one by one: a conflict fails the
     /// transaction, which the caller hears as "retry".
+    ///
+    /// With [`Guard::SyncStandby`], a transaction that wrote commits only
+    /// where its commit will wait for a synchronous standby (else it is
+    /// rolled back: "nothing was done"), and returns only once a standby
+    /// reports it flushed (else "outcome unknown"), as the mail statement
+    /// does (`standby.rs`).
     pub async fn transaction<T, E, F>(&self, work: F) -> Result<T, E>
     where
         F: AsyncFnOnce(&Client) -> Result<T, E>,
@@ -302,7 +321,14 @@ impl Client {
         self.transaction
             .store(true, std::sync::atomic::Ordering::Relaxed);
         self.simple("BEGIN").await?;
-        let outcome = work(self).await;
+        let mut outcome = work(self).await;
+        let mut wrote = false;
+        if outcome.is_ok() && self.guard == Guard::SyncStandby {
+            match self.require_sync_standby_if_written().await {
+                Ok(written) => wrote = written,
+                Err(e) => outcome = Err(e.into()),
+            }
+        }
         let end = if outcome.is_ok() {
             "COMMIT"
         } else {
@@ -319,7 +345,34 @@ impl Client {
             .store(false, std::sync::atomic::Ordering::Relaxed);
         let value = outcome?;
         ended?;
+        if wrote {
+            self.confirm_on_standby().await?;
+        }
         Ok(value)
+    }
+
+    /// Runs `work`, a change the caller is told is done: in a
+    /// [`Client::transaction`] where the pool is guarded (so that it is
+    /// acknowledged only where a standby holds it), else as it is (each
+    /// statement its own transaction, no extra round trips).
+    pub async fn acknowledged<T, E, F>(&self, work: F) -> Result<T, E>
+    where
+        F: AsyncFnOnce(&Client) -> Result<T, E>,
+        E: From<StoreError>,
+    {
+        if self.guard == Guard::SyncStandby && !self.in_transaction() {
+            self.transaction(work).await
+        } else {
+            work(self).await
+        }
+    }
+
+    /// This connection without the guard, for bookkeeping no caller is told
+    /// about (a webhook's delivery record: at worst a delivery is made
+    /// again), which must go on while the guard refuses callers' changes.
+    pub fn unguarded(mut self) -> Self {
+        self.guard = Guard::Off;
+        self
     }
 
     /// A statement without parameters in one round trip (simple protocol),
@@ -615,6 +668,11 @@ pub fn connect(config: &Settings) -> Result<Pool, StoreError> {
                 pool,
                 config.statement_timeout + Duration::from_secs(1),
                 Arc::default(),
+                if config.require_sync_standby {
+                    Guard::SyncStandby
+                } else {
+                    Guard::Off
+                },
             )
         })
         .map_err(|e| StoreError::Config(e.to_string()))

@@ -23,7 +23,7 @@ use crate::domain::{
     webhook::{Resolver, WebhookUrl},
 };
 use crate::store::{
-    Store, StoreError, https_client_config,
+    Client, Store, StoreError, https_client_config,
     webhooks::{self, Backoff, ClaimRules, Claimed, Outcome},
 };
 use crate::telemetry::{error_chain, metrics};
@@ -95,7 +95,7 @@ pub async fn run(store: Store, settings: Settings, resolver: Resolver, stop: Can
         }
         if last_queue_report.elapsed() > Duration::from_secs(10) {
             last_queue_report = tokio::time::Instant::now();
-            if let Ok(db) = store.db().await
+            if let Ok(db) = store.db().await.map(Client::unguarded)
                 && let Ok((depth, oldest)) = webhooks::queue(&db).await
             {
                 metrics::webhook_queue(depth, oldest);
@@ -145,7 +145,7 @@ async fn claim(store: &Store, free: usize, settings: &Settings) -> Vec<Claimed> 
         per_agent: settings.per_destination as i64,
     };
     let outcome = async {
-        let db = store.db().await?;
+        let db = store.db().await?.unguarded();
         webhooks::claim(&db, rules).await
     }
     .await;
@@ -168,7 +168,7 @@ async fn deliver(store: &Store, settings: &Settings, resolver: &Resolver, delive
         Outcome::Retry { .. } => "retry",
     };
     let recorded = async {
-        let db = store.db().await?;
+        let db = store.db().await?.unguarded();
         webhooks::finish(&db, &delivery, &outcome, settings.pauses()).await
     }
     .await;

@@ -55,6 +55,12 @@ use crate::store::error::{NO_SYNC_STANDBY, STALLED, UNCONFIRMED};
 const REQUIRE_SQL: &str =
     "SELECT phone_require_sync_standby(), pg_current_xact_id_if_assigned() IS NOT NULL";
 
+/// [`REQUIRE_SQL`] for a transaction of several statements: whether it
+/// wrote (`t`), and the refusal only if it did (a transaction that only
+/// read, such as a search's, commits whatever the standbys do).
+const REQUIRE_IF_WRITTEN_SQL: &str = "SELECT w, CASE WHEN w THEN phone_require_sync_standby() END \
+     FROM (SELECT pg_current_xact_id_if_assigned() IS NOT NULL AS w) x";
+
 /// The SQLSTATE of `phone_require_sync_standby`'s refusal.
 const REFUSED: &str = "PHSBY";
 
@@ -235,6 +241,61 @@ impl Client {
             return Ok(rows);
         }
         // Committed. From here on an error leaves the outcome unknown.
+        self.confirm_after(after).await?;
+        Ok(rows)
+    }
+
+    /// In a transaction, just before COMMIT: whether it wrote anything, and
+    /// if it did, [`REFUSED`] unless its commit will wait for a synchronous
+    /// standby (the transaction is then rolled back: nothing was done). One
+    /// that only read commits whatever the standbys do.
+    pub(super) async fn require_sync_standby_if_written(&self) -> Result<bool, StoreError> {
+        let asked = tokio::time::timeout(
+            self.deadline,
+            (**self).simple_query(REQUIRE_IF_WRITTEN_SQL),
+        )
+        .await;
+        let messages = match asked {
+            Ok(Ok(messages)) => messages,
+            Ok(Err(e)) if e.code().is_some_and(|c| c.code() == REFUSED) => {
+                return Err(StoreError::Unavailable(NO_SYNC_STANDBY.into()));
+            }
+            Ok(Err(e)) => {
+                let e = StoreError::from(e);
+                self.noticed(&e);
+                return Err(e);
+            }
+            Err(_) => {
+                let e = StoreError::Unavailable(STALLED.into());
+                self.noticed(&e);
+                return Err(e);
+            }
+        };
+        Ok(messages
+            .iter()
+            .any(|m| matches!(m, SimpleQueryMessage::Row(row) if row.get(0) == Some("t"))))
+    }
+
+    /// After the COMMIT of a transaction that wrote: returns once a
+    /// synchronous standby reports the commit flushed; else the outcome is
+    /// unknown.
+    pub(super) async fn confirm_on_standby(&self) -> Result<(), StoreError> {
+        match tokio::time::timeout(self.deadline, (**self).simple_query(AFTER_COMMIT_SQL)).await {
+            Ok(after) => self.confirm_after(after).await,
+            Err(_) => {
+                tracing::warn!("committed, but the check after COMMIT stalled: the outcome is unknown");
+                self.noticed(&StoreError::Unavailable(STALLED.into()));
+                Err(StoreError::Unavailable(UNCONFIRMED.into()))
+            }
+        }
+    }
+
+    /// What [`AFTER_COMMIT_SQL`] answered, then, unless a standby already
+    /// holds the commit, [`Client::flushed_on_standby`].
+    async fn confirm_after(
+        &self,
+        after: Result<Vec<SimpleQueryMessage>, tokio_postgres::Error>,
+    ) -> Result<(), StoreError> {
         let (lsn, held) = match after {
             Ok(messages) => messages
                 .iter()
@@ -248,7 +309,7 @@ impl Client {
                 .unwrap_or_default(),
             Err(e) => {
                 tracing::warn!(error = %super::super::error::describe(&e),
-                    "mail committed, but the check after COMMIT failed: its outcome is unknown");
+                    "committed, but the check after COMMIT failed: the outcome is unknown");
                 // A lost connection still retires the pool's older ones.
                 self.noticed(&StoreError::from(e));
                 return Err(StoreError::Unavailable(UNCONFIRMED.into()));
@@ -257,7 +318,7 @@ impl Client {
         if !held {
             self.flushed_on_standby(&lsn).await?;
         }
-        Ok(rows)
+        Ok(())
     }
 
     /// Waits up to [`CONFIRM_WAIT`] for a standby to report WAL flushed up
