@@ -810,7 +810,14 @@ async fn with_require_sync_standby_mail_is_acknowledged_only_where_a_standby_hol
         )
         .await,
     );
-    refused(&call(&c, "phone_settings", bob.with(json!({"contact_policy": "contacts"}))).await);
+    refused(
+        &call(
+            &c,
+            "phone_settings",
+            bob.with(json!({"contact_policy": "contacts"})),
+        )
+        .await,
+    );
     refused(&call(&c, "phone_settings", bob.with(json!({"block": ["alice"]}))).await);
     assert_eq!(
         count("SELECT count(*) FROM agents WHERE name = 'dave'").await,
@@ -899,8 +906,9 @@ async fn with_require_sync_standby_mail_is_acknowledged_only_where_a_standby_hol
         .await;
         sending
     };
-    let waiting_send =
-        async |body: &'static str, key: &'static str| waiting_call("phone_send", send(body, key)).await;
+    let waiting_send = async |body: &'static str, key: &'static str| {
+        waiting_call("phone_send", send(body, key)).await
+    };
     let clear = async || {
         set(
             "ALTER SYSTEM RESET synchronous_standby_names",
@@ -977,7 +985,10 @@ async fn with_require_sync_standby_mail_is_acknowledged_only_where_a_standby_hol
     );
     register(&c, "dave", "D", "p").await;
     ok(&c, "phone_settings", bob.with(json!({"block": ["alice"]}))).await;
-    assert_eq!(count("SELECT count(*) FROM contacts WHERE is_blocked").await, 1);
+    assert_eq!(
+        count("SELECT count(*) FROM contacts WHERE is_blocked").await,
+        1
+    );
     app.stop().await;
 
     // 3. A role that cannot see the standbys' positions would commit every

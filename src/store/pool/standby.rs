@@ -250,11 +250,9 @@ impl Client {
     /// standby (the transaction is then rolled back: nothing was done). One
     /// that only read commits whatever the standbys do.
     pub(super) async fn require_sync_standby_if_written(&self) -> Result<bool, StoreError> {
-        let asked = tokio::time::timeout(
-            self.deadline,
-            (**self).simple_query(REQUIRE_IF_WRITTEN_SQL),
-        )
-        .await;
+        let asked =
+            tokio::time::timeout(self.deadline, (**self).simple_query(REQUIRE_IF_WRITTEN_SQL))
+                .await;
         let messages = match asked {
             Ok(Ok(messages)) => messages,
             Ok(Err(e)) if e.code().is_some_and(|c| c.code() == REFUSED) => {
@@ -283,7 +281,9 @@ impl Client {
         match tokio::time::timeout(self.deadline, (**self).simple_query(AFTER_COMMIT_SQL)).await {
             Ok(after) => self.confirm_after(after).await,
             Err(_) => {
-                tracing::warn!("committed, but the check after COMMIT stalled: the outcome is unknown");
+                tracing::warn!(
+                    "committed, but the check after COMMIT stalled: the outcome is unknown"
+                );
                 self.noticed(&StoreError::Unavailable(STALLED.into()));
                 Err(StoreError::Unavailable(UNCONFIRMED.into()))
             }
