@@ -906,6 +906,7 @@ async fn with_require_sync_standby_mail_is_acknowledged_only_where_a_standby_hol
         .await;
         sending
     };
+    #[allow(clippy::async_yields_async)]
     let waiting_send = async |body: &'static str, key: &'static str| {
         waiting_call("phone_send", send(body, key)).await
     };
