@@ -513,3 +513,112 @@ async fn the_session_start_hook_summarises_unread_mail_as_context() {
         7
     );
 }
+
+/// One stranger's mail cannot keep an agent from hearing of anyone's: 70
+/// bodies of 64 KB of quotes (each doubled in JSON, twice over) made the
+/// hooks' peek of 100 an answer of over 18 MB, which their client refused,
+/// so the hook said nothing at all. A peek now shows bodies only up to its
+/// byte budget, and every message's sender and subject.
+#[tokio::test]
+async fn a_flood_of_large_bodies_cannot_silence_the_hooks() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let stranger = register(&c, "stranger", "floods", "x").await;
+    let friend = register(&c, "friend", "writes", "p").await;
+    let bob = register(&c, "bob", "receives", "p").await;
+    let quotes = "\"".repeat(65_000);
+    for _ in 0..70 {
+        ok(
+            &c,
+            "phone_send",
+            stranger.with(json!({"to": "bob", "body": quotes})),
+        )
+        .await;
+    }
+    ok(
+        &c,
+        "phone_send",
+        friend.with(json!({"to": "bob", "subject": "urgent", "body": "call me"})),
+    )
+    .await;
+
+    let state = state_dir();
+    let input = json!({"session_id": "s", "hook_event_name": "SessionStart", "source": "startup"});
+    let ran = run_hook(
+        &["claude-session-start"],
+        &app.url(""),
+        &bob.token,
+        &state,
+        input,
+    )
+    .await;
+    assert_eq!(ran.code, 0, "stderr: {}", ran.stderr);
+    let out: Value = serde_json::from_str(ran.stdout.trim())
+        .unwrap_or_else(|e| panic!("no context ({e}); stderr: {}", ran.stderr));
+    let context = out["hookSpecificOutput"]["additionalContext"]
+        .as_str()
+        .unwrap();
+    assert!(
+        context.starts_with("71 unread message(s) wait in your phone inbox (agent bob)"),
+        "{context}"
+    );
+    let stop = run_hook(
+        &["claude-stop"],
+        &app.url(""),
+        &bob.token,
+        &state_dir(),
+        stop_input("t", false),
+    )
+    .await;
+    let reason = stop.decision().expect("the stop hook blocks for the mail")["reason"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(reason.contains("71 unread"), "{reason}");
+
+    // The peek itself: every message, the friend's included, with its
+    // sender and subject; bodies while they fit, then their sizes.
+    let peek = ok(
+        &c,
+        "phone_inbox",
+        bob.with(json!({"peek": true, "limit": 100})),
+    )
+    .await;
+    let messages = peek["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 71);
+    assert!(
+        peek.to_string().len() < 1_000_000,
+        "{}",
+        peek.to_string().len()
+    );
+    assert_eq!(
+        messages[0]["body"], quotes,
+        "the first body is always whole"
+    );
+    let last = &messages[70];
+    assert_eq!(
+        (
+            &last["from"],
+            &last["subject"],
+            &last["body"],
+            &last["body_omitted_bytes"]
+        ),
+        (&json!("friend"), &json!("urgent"), &json!(""), &json!(7))
+    );
+    let text = text(
+        &call(
+            &c,
+            "phone_inbox",
+            bob.with(json!({"peek": true, "limit": 100})),
+        )
+        .await,
+    );
+    assert!(
+        text.contains("Its body, 7 bytes, is not shown"),
+        "{}",
+        &text[text.len() - 600..]
+    );
+    // A poll still reads every body, and the peek took nothing.
+    let polled = ok(&c, "phone_inbox", bob.with(json!({"limit": 1}))).await;
+    assert_eq!(polled["messages"][0]["body"], quotes);
+}

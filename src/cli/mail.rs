@@ -91,6 +91,9 @@ struct Message {
     subject: Option<String>,
     #[serde(default)]
     body: String,
+    /// A peek past its byte budget gives a body's size instead.
+    #[serde(default)]
+    body_omitted_bytes: Option<i64>,
     #[serde(default)]
     reply_to: Option<String>,
     #[serde(default)]
@@ -218,7 +221,12 @@ pub async fn inbox(env: Env<'_>, args: InboxArgs) -> Result<(), CliError> {
         if let Some(subject) = m.subject.as_deref().filter(|s| !s.is_empty()) {
             println!("  subject: {}", show::line(subject, 200));
         }
-        println!("{}\n", show::indented(&m.body, "    "));
+        match m.body_omitted_bytes {
+            Some(bytes) => println!(
+                "    (body not shown: {bytes} bytes, past what one look shows; `phone inbox --read` reads it)\n"
+            ),
+            None => println!("{}\n", show::indented(&m.body, "    ")),
+        }
     }
     let left = inbox.unread_remaining;
     if args.read {

@@ -3,7 +3,7 @@
 //! `since:DATE`) so that they cost the tool surface no arguments.
 
 use base64::Engine as _;
-use chrono::{DateTime, NaiveDate, Utc};
+use chrono::{DateTime, Datelike, NaiveDate, Utc};
 
 use super::messages::{Inbox, UNREAD_COUNT_CAP, fit_answer};
 use super::types::{AgentName, InvalidInput, MessageId};
@@ -66,22 +66,37 @@ impl MailSearch {
 }
 
 fn parse_since(raw: &str) -> Result<DateTime<Utc>, InvalidInput> {
-    if let Ok(at) = DateTime::parse_from_rfc3339(raw) {
-        return Ok(at.with_timezone(&Utc));
-    }
-    NaiveDate::parse_from_str(raw, "%Y-%m-%d")
+    let parsed = DateTime::parse_from_rfc3339(raw)
         .ok()
-        .and_then(|d| d.and_hms_opt(0, 0, 0))
-        .map(|d| d.and_utc())
-        .ok_or_else(|| {
-            InvalidInput::new(
-                "query",
-                format!(
-                    "since:{} is not a date; write since:2026-03-01 or an RFC 3339 time",
-                    raw.chars().take(40).collect::<String>()
-                ),
-            )
-        })
+        .map(|at| at.with_timezone(&Utc))
+        .or_else(|| {
+            NaiveDate::parse_from_str(raw, "%Y-%m-%d")
+                .ok()
+                .and_then(|d| d.and_hms_opt(0, 0, 0))
+                .map(|d| d.and_utc())
+        });
+    // Years 1 to 9999: chrono reads dates far outside PostgreSQL's range
+    // (4713 BC on), which failed the statement as an internal error.
+    if let Some(at) = parsed
+        && !(1..=9999).contains(&at.year())
+    {
+        return Err(InvalidInput::new(
+            "query",
+            format!(
+                "since:{} is out of range; write a date from year 1 to 9999, e.g. since:2026-03-01",
+                raw.chars().take(40).collect::<String>()
+            ),
+        ));
+    }
+    parsed.ok_or_else(|| {
+        InvalidInput::new(
+            "query",
+            format!(
+                "since:{} is not a date; write since:2026-03-01 or an RFC 3339 time",
+                raw.chars().take(40).collect::<String>()
+            ),
+        )
+    })
 }
 
 /// A cursor of a search: how many results came before, opaque to the agent.
@@ -184,6 +199,8 @@ mod tests {
         for (bad, says) in [
             ("with:email", "at least one word"),
             ("x since:yesterday", "not a date"),
+            ("x since:-4714-01-01", "out of range"),
+            ("x since:+10000-01-01T00:00:00Z", "out of range"),
             ("x thread:7x", "query"),
         ] {
             let err = MailSearch::parse(bad, 10, None).unwrap_err().to_string();

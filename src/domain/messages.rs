@@ -357,6 +357,25 @@ pub(crate) fn fit_answer<T>(messages: &mut Vec<T>, text_bytes: impl Fn(&T) -> i6
     cut
 }
 
+/// A peek keeps every message it found, so that the hooks and channels
+/// that wake idle agents see what is new among them, but shows bodies only
+/// while those before hold less than [`ANSWER_BYTES_MAX`] (the first
+/// always): past that, a message keeps its sender, subject and size. One
+/// stranger's 70 bodies of 64 KiB of quotes made a peek of 100 over 18 MB
+/// of JSON, past what the hooks' client reads, and no wake-up told its
+/// agent of anyone's mail.
+fn omit_bodies_past_budget(messages: &mut [Message]) {
+    let mut before = 0;
+    for m in messages {
+        let bytes = m.text_bytes();
+        if before >= ANSWER_BYTES_MAX {
+            m.body_omitted = Some(m.body.len() as i64);
+            m.body = String::new();
+        }
+        before += bytes;
+    }
+}
+
 /// Without notifications (listener reconnecting), waiters re-check this often.
 const FALLBACK_RECHECK: Duration = Duration::from_secs(2);
 /// An inbox watch renews its waiter row this often.
@@ -731,11 +750,14 @@ impl Phone {
             UNREAD_COUNT_CAP,
         )
         .await?;
-        if let Look::History { .. } = look {
-            let more = looked.messages.len() as i64 > limit;
-            looked.messages.truncate(limit as usize);
-            looked.full = fit_answer(&mut looked.messages, Message::text_bytes);
-            looked.more = more || looked.full;
+        match look {
+            Look::History { .. } => {
+                let more = looked.messages.len() as i64 > limit;
+                looked.messages.truncate(limit as usize);
+                looked.full = fit_answer(&mut looked.messages, Message::text_bytes);
+                looked.more = more || looked.full;
+            }
+            Look::Peek => omit_bodies_past_budget(&mut looked.messages),
         }
         Ok(looked)
     }

@@ -279,6 +279,14 @@ fn messages(out: &mut String, list: &[Message], mark: &str, show_to: bool) {
             let _ = writeln!(out, "Subject: {subject}");
         }
         let _ = writeln!(out, "{}\n</message fence=\"{mark}\">", m.body.trim_end());
+        if let Some(bytes) = m.body_omitted_bytes {
+            let _ = writeln!(
+                out,
+                "(Its body, {bytes} bytes, is not shown: this peek shows bodies up to {} KiB in \
+                 all. A poll reads it, as does phone_thread with its thread_id.)",
+                crate::domain::messages::ANSWER_BYTES_MAX / 1024
+            );
+        }
     }
 }
 

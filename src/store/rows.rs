@@ -55,6 +55,9 @@ pub struct Message {
     pub group_id: Option<i64>,
     /// A copy of a group send, as its recipient sees it: the others it went to.
     pub also_to: Option<Vec<String>>,
+    /// Its body's size in bytes, when an answer had no room for the body
+    /// itself (a peek past its byte budget: `body` is then empty).
+    pub body_omitted: Option<i64>,
 }
 
 impl Message {
@@ -83,6 +86,7 @@ impl Message {
             expires_at: row.get("expires_at"),
             group_id: row.get("group_id"),
             also_to: others(row.get("also_to")),
+            body_omitted: None,
         }
     }
 }
