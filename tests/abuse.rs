@@ -399,3 +399,102 @@ async fn the_copies_of_one_batch_count_against_the_quotas_in_order() {
         app.stop().await;
     }
 }
+
+/// Strangers who write first cannot use up the quota of the agent that
+/// answers them: a reply goes to parties of a message someone else began,
+/// so it is no first contact. Before, 101 strangers that each sent one
+/// "hello" to a bot that answered everyone left it unable to write to a
+/// single new coworker for a day (a helper's attack). A reply to everyone
+/// on a stranger's group send is not counted either.
+#[tokio::test]
+async fn answering_strangers_does_not_use_up_the_new_recipient_quota() {
+    let app = spawn_app_with(&[
+        ("PHONE_NEW_RECIPIENT_QUOTA_PER_DAY", "3"),
+        ("PHONE_REGISTER_LIMIT", "0"),
+    ])
+    .await;
+    let c = app.client().await;
+    let bot = register(&c, "bot", "answers everyone", "p").await;
+    let mut strangers = Vec::new();
+    for i in 0..4 {
+        let stranger = register(&c, &format!("stranger{i}"), "S", "x").await;
+        let hello = ok(
+            &c,
+            "phone_send",
+            stranger.with(json!({"to": "bot", "body": "hello"})),
+        )
+        .await;
+        strangers.push((stranger, hello["id"].as_str().unwrap().to_owned()));
+    }
+    for (_, id) in &strangers {
+        ok(
+            &c,
+            "phone_send",
+            bot.with(json!({"reply_to": id, "body": "hi, how can I help?"})),
+        )
+        .await;
+    }
+    // A stranger's group send to the bot and two others (within its own
+    // quota); the bot answers all of them.
+    let mut others = Vec::new();
+    for i in 0..2 {
+        register(&c, &format!("bystander{i}"), "B", "x").await;
+        others.push(format!("bystander{i}"));
+    }
+    let mut to = vec!["bot".to_owned()];
+    to.extend(others.iter().cloned());
+    let group = ok(
+        &c,
+        "phone_send",
+        strangers[0]
+            .0
+            .with(json!({"to": to, "body": "status, everyone?"})),
+    )
+    .await;
+    let bot_copy = ok(&c, "phone_inbox", bot.with(json!({"limit": 20}))).await;
+    let copy_id = bot_copy["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["body"] == "status, everyone?")
+        .unwrap_or_else(|| panic!("{group} {bot_copy}"))["id"]
+        .clone();
+    let all = ok(
+        &c,
+        "phone_send",
+        bot.with(json!({"reply_to": copy_id, "to": "*", "body": "all fine"})),
+    )
+    .await;
+    assert!(!all.to_string().contains("quota"), "{all}");
+    assert_eq!(
+        app.count(
+            "SELECT count(*) FROM messages m JOIN agents a ON a.id = m.sender_id
+             WHERE a.name = 'bot' AND m.body = 'all fine'"
+        )
+        .await,
+        3
+    );
+    // Its quota is whole: three first messages to agents of its choosing.
+    for i in 0..4 {
+        register(&c, &format!("coworker{i}"), "C", "p").await;
+    }
+    for i in 0..3 {
+        ok(
+            &c,
+            "phone_send",
+            bot.with(json!({"to": format!("coworker{i}"), "body": "let us work"})),
+        )
+        .await;
+    }
+    let err = tool_err(
+        &c,
+        "phone_send",
+        bot.with(json!({"to": "coworker3", "body": "one too many"})),
+    )
+    .await;
+    assert!(
+        err.contains("first messages to new recipients today"),
+        "{err}"
+    );
+    app.stop().await;
+}

@@ -2007,3 +2007,134 @@ async fn sends_and_polls_queued_together_share_one_statement_of_their_shape() {
     assert_eq!(to_dave, sent_to_dave, "{got}");
     app.stop().await;
 }
+
+/// Replies in one statement are no first contacts either: a batch holding
+/// an agent's answers to three strangers and its first messages to two
+/// coworkers, under a quota of two new recipients a day, stores all five.
+/// Counted in order, the answers used up the quota and the coworkers' mail
+/// (and the third answer) was refused. Run through the statement itself.
+#[tokio::test]
+async fn replies_in_one_statement_are_not_first_contacts() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let db = app.db().await;
+    let bot = register(&c, "bot", "B", "p").await;
+    for name in ["coworker0", "coworker1"] {
+        register(&c, name, "C", "p").await;
+    }
+    let mut hellos = Vec::new();
+    for i in 0..3 {
+        let stranger = register(&c, &format!("stranger{i}"), "S", "x").await;
+        let sent = ok(
+            &c,
+            "phone_send",
+            stranger.with(json!({"to": "bot", "body": "hello"})),
+        )
+        .await;
+        let id: i64 = sent["id"].as_str().unwrap()[4..].parse().unwrap();
+        let row = db
+            .query_one(
+                "SELECT sender_id, thread_id FROM messages WHERE id = $1",
+                &[&id],
+            )
+            .await
+            .unwrap();
+        hellos.push((
+            id,
+            row.get::<_, i64>(0),
+            row.get::<_, i64>(1),
+            format!("stranger{i}"),
+        ));
+    }
+    let (sql, types) = phone::store::every_mail_statement()
+        .into_iter()
+        .find(|(sql, _)| {
+            sql.contains("sreq AS")
+                && sql.contains("hour_counted AS")
+                && !sql.contains("preq AS")
+                && !sql.contains("WINDOW same_send")
+                && !sql.contains("ON CONFLICT (sender_id, idempotency_key)")
+        })
+        .expect("the shape of plain sends under quotas");
+    let stmt = db.prepare_typed(sql, types).await.unwrap();
+    // The answers first, then the first messages.
+    let mut to: Vec<String> = hellos.iter().map(|h| h.3.clone()).collect();
+    to.extend(["coworker0".to_owned(), "coworker1".to_owned()]);
+    let mut reply_to: Vec<Option<i64>> = hellos.iter().map(|h| Some(h.0)).collect();
+    reply_to.extend([None, None]);
+    let mut thread: Vec<Option<i64>> = hellos.iter().map(|h| Some(h.2)).collect();
+    thread.extend([None, None]);
+    let mut to_id: Vec<Option<i64>> = hellos.iter().map(|h| Some(h.1)).collect();
+    to_id.extend([None, None]);
+    let answers = [true, true, true, false, false];
+    let n = to.len();
+    let token = Sha256::digest(bot.token.as_bytes()).to_vec();
+    let (per_hour, new_per_day, unread_max, per_sender) = (0_i32, 2_i32, 0_i32, 0_i32);
+    let rows = db
+        .query(
+            &stmt,
+            &[
+                &vec![token; n],
+                &vec![None::<String>; n],
+                &to,
+                &vec![None::<String>; n],
+                &(0..n).map(|i| format!("note {i}")).collect::<Vec<_>>(),
+                &reply_to,
+                &thread,
+                &vec![None::<String>; n],
+                &to_id,
+                &Vec::<Vec<u8>>::new(),
+                &Vec::<Option<String>>::new(),
+                &Vec::<i64>::new(),
+                &100_i64,
+                &Vec::<i64>::new(),
+                &Vec::<Option<f64>>::new(),
+                &Vec::<Option<i32>>::new(),
+                &answers.to_vec(),
+                &per_hour,
+                &new_per_day,
+                &unread_max,
+                &per_sender,
+                &100_i32,
+                &vec![None::<f64>; n],
+                &(1..=n as i64).collect::<Vec<_>>(),
+                &Vec::<i64>::new(),
+                &Vec::<i64>::new(),
+                &Vec::<Option<i32>>::new(),
+                &100_000_i64,
+            ],
+        )
+        .await
+        .unwrap();
+    let mut decided: Vec<(i64, Option<String>)> = rows
+        .iter()
+        .filter(|r| r.get::<_, Option<bool>>("is_poll") == Some(false))
+        .map(|r| {
+            (
+                r.get::<_, i64>("ord"),
+                r.get::<_, Option<String>>("refusal"),
+            )
+        })
+        .collect();
+    decided.sort();
+    assert_eq!(
+        decided.iter().map(|d| d.1.as_deref()).collect::<Vec<_>>(),
+        [None; 5],
+        "refusals, in order"
+    );
+    // The answers' pairs are marked, so that no later count holds them.
+    assert_eq!(
+        app.count("SELECT count(*) FROM correspondents WHERE by_reply")
+            .await,
+        3
+    );
+    assert_eq!(
+        app.count(
+            "SELECT count(*) FROM correspondents c JOIN agents a ON a.id = c.sender_id
+                   WHERE a.name = 'bot' AND NOT c.by_reply"
+        )
+        .await,
+        2
+    );
+    app.stop().await;
+}

@@ -213,7 +213,7 @@ pub(super) fn sends(keyed: bool, grouped: bool, quotas: bool) -> String {
                              $7::bigint[], $23::float8[])
             WITH ORDINALITY AS r(token, claimed, subject, body, reply_to, thread_id, expires_in, sord)),
     sme AS (
-        SELECT r.sord, me.id, me.project, me.last_seen_at
+        SELECT r.sord, me.id, me.project, me.last_seen_at, r.reply_to IS NOT NULL AS replying
         FROM sreq r
         CROSS JOIN LATERAL (
             SELECT id, project, last_seen_at FROM agents
@@ -224,8 +224,8 @@ pub(super) fn sends(keyed: bool, grouped: bool, quotas: bool) -> String {
         FROM unnest($24::bigint[], $3::text[], $9::bigint[], $17::bool[], $8::text[])
             WITH ORDINALITY AS x(sord, to_name, to_id, answers_recipient, idempotency_key, ord)),
     resolved AS (
-        SELECT x.ord, x.sord, x.answers_recipient, me.id AS sender_id, me.project AS sender_project,
-               me.last_seen_at, recipient.id AS recipient_id, recipient.project AS recipient_project,
+        SELECT x.ord, x.sord, x.answers_recipient, me.replying, me.id AS sender_id,
+               me.project AS sender_project, me.last_seen_at, recipient.id AS recipient_id, recipient.project AS recipient_project,
                recipient.contact_policy, recipient.suspended, recipient.hooked,
                recipient.uses_contacts
         FROM scopy x
@@ -243,7 +243,7 @@ pub(super) fn sends(keyed: bool, grouped: bool, quotas: bool) -> String {
             FROM agents a WHERE x.to_id IS NOT NULL AND a.id = x.to_id AND a.unregistered_at IS NULL
         ) recipient ON me.id IS NOT NULL),
     judged AS (
-        SELECT rs.ord, rs.sender_id, rs.recipient_id,
+        SELECT rs.ord, rs.sender_id, rs.recipient_id, rs.replying,
                rs.answers_recipient OR coalesce(c.is_contact, false) AS known,
                CASE WHEN rs.recipient_id IS NULL THEN NULL
                     WHEN rs.suspended OR coalesce(c.is_blocked, false) THEN 'refused'
@@ -305,11 +305,14 @@ pub(super) fn sends(keyed: bool, grouped: bool, quotas: bool) -> String {
                      max(CASE WHEN w.first_contact AND w.nth_new = 1
                               THEN phone_new_recipients_today(w.sender_id, {new_per_day}) END)
                          OVER (PARTITION BY w.quoted, w.sender_id) AS new_today
-              FROM (SELECT p.*, {new_per_day} > 0 AND p.new_pair AS first_contact,
+              -- A reply's copies go to parties of a message someone
+              -- else began: none is the sender's first contact (strangers
+              -- who wrote to it must not use up its quota).
+              FROM (SELECT p.*, {new_per_day} > 0 AND p.new_pair AND NOT p.replying AS first_contact,
                            row_number() OVER (PARTITION BY p.quoted, p.sender_id ORDER BY p.ord) AS nth,
                            row_number() OVER (PARTITION BY p.quoted, p.sender_id, p.recipient_id
                                               ORDER BY p.ord) AS nth_pair,
-                           sum(({new_per_day} > 0 AND p.new_pair)::int)
+                           sum(({new_per_day} > 0 AND p.new_pair AND NOT p.replying)::int)
                                OVER (PARTITION BY p.quoted, p.sender_id ORDER BY p.ord) AS nth_new
                     -- OFFSET 0: `new_pair` is probed once per copy. Pulled
                     -- up into the window's expressions, it was probed three
@@ -444,7 +447,7 @@ pub(super) fn sends(keyed: bool, grouped: bool, quotas: bool) -> String {
         FROM stored s
         JOIN sreq r ON r.sord = s.sord
         {on_conflict}
-        RETURNING id, sender_id, recipient_id),
+        RETURNING id, sender_id, recipient_id, reply_to),
 "
     ));
     if quotas {
@@ -463,13 +466,16 @@ pub(super) fn sends(keyed: bool, grouped: bool, quotas: bool) -> String {
                               ELSE sc.hour_start END),
     -- Only pairs `decided` found new: a known pair (most sends) costs no
     -- second probe of the primary key here.
+    -- `by_reply`: the pair began with a reply, which the new-recipient
+    -- quota does not count (V26).
     met AS (
-        INSERT INTO correspondents (sender_id, recipient_id)
+        INSERT INTO correspondents (sender_id, recipient_id, by_reply)
         -- A hashed look-up (the sublink inside coalesce stays a sub-plan),
         -- not a semi-join of two CTEs, which the planner made a nested loop.
-        SELECT DISTINCT i.sender_id, i.recipient_id FROM inserted i
+        SELECT i.sender_id, i.recipient_id, bool_and(i.reply_to IS NOT NULL) FROM inserted i
         WHERE coalesce((i.sender_id, i.recipient_id) IN (
                   SELECT d.sender_id, d.recipient_id FROM decided d WHERE d.new_pair), false)
+        GROUP BY i.sender_id, i.recipient_id
         ON CONFLICT DO NOTHING),
 "
         ));
