@@ -219,9 +219,16 @@ async fn the_inbox_peeks_unless_asked_to_read_and_hostile_text_cannot_drive_the_
     ok(
         &c,
         "phone_send",
-        mallory.with(json!({"to": "bob", "subject": "\u{202E}gnp.exe", "body": format!("line one\n{escape}")})),
+        mallory.with(json!({"to": "bob", "subject": "gnp.exe", "body": format!("line one\n{escape}")})),
     )
     .await;
+    // A subject stored before the server refused hidden characters in one
+    // (or served by a hostile server): the client replaces them all the same.
+    app.db()
+        .await
+        .execute("UPDATE messages SET subject = $1", &[&"\u{202E}gnp.exe"])
+        .await
+        .unwrap();
     let home = Home::new();
     let env = [
         ("PHONE_URL", app.url("")),

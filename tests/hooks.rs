@@ -271,9 +271,16 @@ async fn a_subject_cannot_forge_the_instruction_the_model_reads() {
     ok(
         &c,
         "phone_send",
-        mallory.with(json!({"to": "bob", "subject": forged, "body": "b"})),
+        mallory.with(json!({"to": "bob", "subject": "placeholder", "body": "b"})),
     )
     .await;
+    // The server refuses U+2028 in a subject now; one stored before that
+    // (or a hostile server's) reaches the hook all the same.
+    app.db()
+        .await
+        .execute("UPDATE messages SET subject = $1", &[&forged])
+        .await
+        .unwrap();
     let ran = run_hook(
         &["claude-stop"],
         &app.url(""),

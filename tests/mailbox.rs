@@ -779,8 +779,9 @@ async fn a_poll_stops_at_its_byte_budget_and_leaves_the_rest_for_the_next() {
 /// Answers that take nothing and page on with a cursor stop at the same
 /// 32 KiB of text as a poll: include_read, a thread, a search of one's mail
 /// and the outbox. The next page starts after the last message shown, and
-/// the text says where the rest are. A peek stays whole: the hooks look
-/// among its 100 for what is new.
+/// the text says where the rest are. A peek keeps every message (the hooks
+/// look among its 100 for what is new) but shows bodies only within the
+/// budget: past it, a message's size.
 /// Without it, a thread of a hundred 64 KiB messages was one answer of
 /// 6.4 MB of text, twice over (text and structured content).
 #[tokio::test]
@@ -823,8 +824,19 @@ async fn answers_that_take_nothing_stop_at_the_byte_budget() {
 
     // Bob's inbox holds 0, 2 and 4.
     let (peeked, said) = look(&bob, "phone_inbox", json!({"peek": true, "limit": 10})).await;
-    assert_eq!(firsts(&peeked), ["0", "2", "4"], "{said}");
+    let listed = peeked["messages"].as_array().unwrap();
+    assert_eq!(listed.len(), 3, "{said}");
+    assert_eq!(
+        listed
+            .iter()
+            .map(|m| m["body"].as_str().unwrap().get(..1).unwrap_or("").to_owned())
+            .collect::<Vec<_>>(),
+        ["0", "2", ""],
+        "{said}"
+    );
+    assert_eq!(listed[2]["body_omitted_bytes"], long(4).len());
     assert!(!said.contains("stops here"), "{said}");
+    assert!(said.contains("is not shown: this peek shows bodies up to 32 KiB"), "{said}");
     let (history, said) = look(
         &bob,
         "phone_inbox",

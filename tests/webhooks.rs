@@ -142,6 +142,19 @@ async fn destinations_must_be_https_and_public() {
         let err = tool_err(&c, "phone_settings", me.with(json!({"webhook_url": url}))).await;
         assert!(err.contains(says), "{url}: {err}");
     }
+    // A name that does not resolve and one that resolves to a private
+    // address hear the same words: asking does not map which internal
+    // names exist (`localhost` resolves, `*.invalid` never does).
+    let said = async |host: &str| {
+        tool_err(
+            &c,
+            "phone_settings",
+            me.with(json!({"webhook_url": format!("https://{host}/hook")})),
+        )
+        .await
+        .replace(host, "HOST")
+    };
+    assert_eq!(said("localhost").await, said("phone-test.invalid").await);
     let err = tool_err(
         &c,
         "phone_settings",

@@ -121,8 +121,28 @@ fn decode<T: for<'de> Deserialize<'de>>(value: Value) -> Result<T, CliError> {
 fn print_json(value: &Value) {
     println!(
         "{}",
-        serde_json::to_string_pretty(value).unwrap_or_default()
+        terminal_safe_json(&serde_json::to_string_pretty(value).unwrap_or_default())
     );
+}
+
+/// JSON whose strings carry no character a terminal acts on or a reader
+/// cannot see: serde_json escapes C0 controls only, and left DEL and the C1
+/// controls (U+0080..U+009F: CSI, OSC, which a terminal may run as escape
+/// sequences) raw. Each becomes a `\uXXXX` escape (a pair of them past
+/// U+FFFF): the same JSON to a parser, inert on a screen.
+fn terminal_safe_json(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
+        if matches!(c, '\u{7F}'..='\u{9F}') || crate::domain::types::is_hidden_char(c) {
+            let mut units = [0u16; 2];
+            for unit in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{:04x}", unit));
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// One call as the target's agent.
@@ -274,4 +294,19 @@ pub async fn search(env: Env<'_>, args: SearchArgs) -> Result<(), CliError> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_output_carries_no_raw_c1_controls_or_hidden_characters() {
+        let hostile = "title\u{9d}2;PWNED\u{9c}\u{9b}2J\u{7f}\u{202e}\u{e0041}";
+        let json = serde_json::to_string_pretty(&serde_json::json!({"body": hostile})).unwrap();
+        let safe = terminal_safe_json(&json);
+        assert!(safe.is_ascii(), "{safe}");
+        let back: Value = serde_json::from_str(&safe).unwrap();
+        assert_eq!(back["body"], hostile, "the same JSON to a parser");
+    }
 }

@@ -2,6 +2,9 @@
 //! sequences (clear the screen, retitle the window, fake a prompt) or bidi
 //! controls that reorder what the reader sees. Those become `\u{FFFD}`.
 
+// Line and paragraph separators, bidi controls, zero-width characters, tags.
+use crate::domain::types::is_hidden_char as is_format_char;
+
 /// `text` with control characters (except line breaks and tabs when
 /// `multiline`) and bidi / zero-width characters replaced.
 pub fn clean(text: &str, multiline: bool) -> String {
@@ -34,12 +37,6 @@ pub fn indented(text: &str, indent: &str) -> String {
         .map(|l| format!("{indent}{l}"))
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-fn is_format_char(c: char) -> bool {
-    matches!(c,
-        '\u{2028}' | '\u{2029}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
-        | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}' | '\u{FEFF}')
 }
 
 #[cfg(test)]

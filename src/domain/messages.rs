@@ -950,13 +950,17 @@ fn parse_ack_refs(field: &'static str, raw: &[&str]) -> Result<Vec<AckRef>, Inva
             ),
         ));
     }
-    raw.iter()
-        .map(|id| {
-            if id.trim().starts_with(Receipt::PREFIX) {
-                Receipt::parse(field, id).map(AckRef::Receipt)
-            } else {
-                MessageId::parse(field, id).map(AckRef::Id)
-            }
-        })
-        .collect()
+    let mut refs: Vec<AckRef> = Vec::with_capacity(raw.len());
+    for id in raw {
+        let parsed = if id.trim().starts_with(Receipt::PREFIX) {
+            Receipt::parse(field, id).map(AckRef::Receipt)?
+        } else {
+            MessageId::parse(field, id).map(AckRef::Id)?
+        };
+        // Listed twice, acknowledged once, and counted once.
+        if !refs.contains(&parsed) {
+            refs.push(parsed);
+        }
+    }
+    Ok(refs)
 }

@@ -87,8 +87,32 @@ impl fmt::Display for AgentName {
     }
 }
 
+/// Characters a reader does not see that change what it reads: line and
+/// paragraph separators (a line break that no `\n` check finds), bidi
+/// embeddings, overrides, isolates and marks (text shown in another order),
+/// zero-width and filler characters, tags (U+E0000..: ASCII spelled
+/// invisibly, which a model reads and a person reviewing the text does not),
+/// variation selectors other than the emoji ones. Clients showing another
+/// agent's text replace them; fields of one line refuse them (see
+/// [`refused_in_text`]).
+pub fn is_hidden_char(c: char) -> bool {
+    matches!(c,
+        '\u{00AD}' | '\u{034F}' | '\u{061C}' | '\u{115F}' | '\u{1160}' | '\u{17B4}' | '\u{17B5}'
+        | '\u{180B}'..='\u{180F}' | '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}'
+        | '\u{2060}'..='\u{206F}' | '\u{3164}' | '\u{FE00}'..='\u{FE0D}' | '\u{FEFF}'
+        | '\u{FFA0}' | '\u{FFF9}'..='\u{FFFB}' | '\u{1BCA0}'..='\u{1BCA3}'
+        | '\u{1D173}'..='\u{1D17A}' | '\u{E0000}'..='\u{E007F}' | '\u{E0100}'..='\u{E01EF}')
+}
+
+/// What text fields other agents read (subject, project, description)
+/// refuse: control characters and [`is_hidden_char`]s, but the zero-width
+/// joiner and non-joiner, which emoji and several scripts need.
+fn refused_in_text(c: char) -> bool {
+    c.is_control() || (is_hidden_char(c) && !matches!(c, '\u{200C}' | '\u{200D}'))
+}
+
 /// Free text shown to other agents (description, project, subject): one line,
-/// no control characters, bounded.
+/// no control or hidden characters, bounded.
 pub fn single_line(
     field: &'static str,
     raw: &str,
@@ -98,7 +122,7 @@ pub fn single_line(
     if text.is_empty() {
         return Err(InvalidInput::new(field, "must not be empty"));
     }
-    check_chars(field, text, |c| c.is_control())?;
+    check_chars(field, text, refused_in_text)?;
     check_len(field, text, max_chars)?;
     Ok(text.to_owned())
 }
@@ -113,7 +137,7 @@ pub fn description(raw: &str) -> Result<String, InvalidInput> {
         ));
     }
     check_chars("description", text, |c| {
-        c.is_control() && c != '\n' && c != '\t'
+        refused_in_text(c) && c != '\n' && c != '\t'
     })?;
     check_len("description", text, DESCRIPTION_MAX)?;
     Ok(text.to_owned())
@@ -167,8 +191,8 @@ fn check_len(field: &'static str, text: &str, max_chars: usize) -> Result<(), In
 fn describe_char(c: char) -> String {
     if c == '\0' {
         "a NUL character (U+0000)".into()
-    } else if c.is_control() || c.is_whitespace() {
-        format!("the character U+{:04X}", c as u32)
+    } else if c.is_control() || c.is_whitespace() || is_hidden_char(c) {
+        format!("the invisible character U+{:04X}", c as u32)
     } else {
         format!("'{c}' (U+{:04X})", c as u32)
     }

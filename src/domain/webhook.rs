@@ -65,7 +65,10 @@ impl WebhookUrl {
     /// Resolves the host (bounded by `resolver`'s own timeouts, never on a
     /// shared thread pool); every address must be allowed. Returns the
     /// address to connect to. The error names the host, never an address
-    /// it resolved to (an internal name must not reveal the network).
+    /// it resolved to (an internal name must not reveal the network); and
+    /// unless private addresses are allowed, a name that does not resolve
+    /// and one that resolves to a private address hear the same words, so
+    /// that asking does not map which internal names exist.
     pub async fn destination(
         &self,
         resolver: &Resolver,
@@ -77,18 +80,29 @@ impl WebhookUrl {
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_owned();
+        let not_public = || {
+            format!(
+                "{} is not public: it does not resolve, or resolves to a private, loopback, \
+                 link-local or reserved address",
+                self.host()
+            )
+        };
+        let unresolved = || {
+            if allow_private {
+                format!("{} does not resolve", self.host())
+            } else {
+                not_public()
+            }
+        };
         let addrs = resolver.lookup(&host).await.map_err(|e| match e {
             LookupError::TimedOut => format!("looking up {} took too long", self.host()),
-            LookupError::NotFound => format!("{} does not resolve", self.host()),
+            LookupError::NotFound => unresolved(),
         })?;
         let Some(first) = addrs.first().copied() else {
-            return Err(format!("{} does not resolve", self.host()));
+            return Err(unresolved());
         };
         if !allow_private && addrs.iter().any(|a| !is_public(*a)) {
-            return Err(format!(
-                "{} resolves to an address that is not public (private, loopback, link-local or reserved)",
-                self.host()
-            ));
+            return Err(not_public());
         }
         Ok(SocketAddr::new(first, port))
     }

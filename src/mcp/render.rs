@@ -18,7 +18,18 @@ use super::wire::{
 
 /// A quoted, escaped single line (JSON string syntax).
 fn quoted(text: &str) -> String {
-    serde_json::to_string(text).unwrap_or_else(|_| "\"\"".into())
+    // Stored before such characters were refused: shown, not hidden.
+    let shown: String = text
+        .chars()
+        .map(|c| {
+            if crate::domain::types::is_hidden_char(c) {
+                '\u{FFFD}'
+            } else {
+                c
+            }
+        })
+        .collect();
+    serde_json::to_string(&shown).unwrap_or_else(|_| "\"\"".into())
 }
 
 /// The fence mark of one answer: random, and found in none of `texts`.
