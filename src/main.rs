@@ -6,6 +6,7 @@ use std::process::ExitCode;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    quiet_on_a_closed_pipe();
     let cli = phone::cli::parse();
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     // An invalid PHONE_WORKER_THREADS is refused by `serve`, which reads the
@@ -21,4 +22,23 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `phone inbox | head`: once the reader is gone, printing fails, and
+/// `println!` panics with a stack trace. A command whose reader left has
+/// nothing more to say: it ends quietly, as Unix tools do.
+fn quiet_on_a_closed_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(0);
+        }
+        default(info);
+    }));
 }

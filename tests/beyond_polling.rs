@@ -441,11 +441,7 @@ async fn a_lease_poll_acknowledges_what_the_worker_handled_before_taking_more() 
     // A plain id acknowledges whatever delivery is current; named twice,
     // it is acknowledged (and counted) once.
     let by_id = ok(&c, "phone_inbox", lease_acking(json!([jobs[1], jobs[1]]))).await;
-    assert_eq!(
-        by_id["acks"]["acknowledged"],
-        json!([jobs[1]]),
-        "{by_id}"
-    );
+    assert_eq!(by_id["acks"]["acknowledged"], json!([jobs[1]]), "{by_id}");
     assert!(by_id["acks"].get("pending").is_none(), "{by_id}");
     assert_eq!(ids(&by_id), jobs[3..4]);
     let outbox = ok(&c, "phone_outbox", a.with(json!({}))).await;

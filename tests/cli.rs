@@ -219,7 +219,9 @@ async fn the_inbox_peeks_unless_asked_to_read_and_hostile_text_cannot_drive_the_
     ok(
         &c,
         "phone_send",
-        mallory.with(json!({"to": "bob", "subject": "gnp.exe", "body": format!("line one\n{escape}")})),
+        mallory.with(
+            json!({"to": "bob", "subject": "gnp.exe", "body": format!("line one\n{escape}")}),
+        ),
     )
     .await;
     // A subject stored before the server refused hidden characters in one
@@ -497,4 +499,43 @@ async fn a_bad_worker_thread_count_stops_serve_with_its_name() {
     }
     let version = run_in(None, &["--version"], &[("PHONE_WORKER_THREADS", "abc")], "").await;
     assert_eq!(version.code, 0, "{}", version.stderr);
+}
+
+/// `phone inbox | head`: a reader that leaves early ends the command
+/// quietly (it printed a panic and a stack trace).
+#[tokio::test]
+async fn a_reader_that_leaves_early_ends_the_command_quietly() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "sends", "p").await;
+    let bob = register(&c, "bob", "receives", "q").await;
+    for i in 0..20 {
+        ok(
+            &c,
+            "phone_send",
+            alice.with(
+                json!({"to": "bob", "body": format!("message {i}\n{}", "text ".repeat(2_000))}),
+            ),
+        )
+        .await;
+    }
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_phone"))
+        .args(["inbox", "--limit", "20"])
+        .env_clear()
+        .env("PHONE_URL", app.url(""))
+        .env("PHONE_TOKEN", &bob.token)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the phone binary runs");
+    // The reader is gone before the first line is written.
+    drop(child.stdout.take());
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("the command finishes")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
 }

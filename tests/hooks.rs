@@ -629,3 +629,97 @@ async fn a_flood_of_large_bodies_cannot_silence_the_hooks() {
     let polled = ok(&c, "phone_inbox", bob.with(json!({"limit": 1}))).await;
     assert_eq!(polled["messages"][0]["body"], quotes);
 }
+
+/// What the hook keeps (ids of the agent's mail) is its owner's alone.
+#[tokio::test]
+async fn the_hooks_state_is_readable_by_its_owner_only() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "sends", "p").await;
+    let bob = register(&c, "bob", "receives", "q").await;
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "bob", "body": "b"})),
+    )
+    .await;
+    let state = state_dir();
+    let nested = state.join("nested");
+    let ran = run_hook(
+        &["claude-stop"],
+        &app.url(""),
+        &bob.token,
+        &nested,
+        stop_input("s", false),
+    )
+    .await;
+    assert!(ran.decision().is_some(), "{}", ran.stderr);
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&nested), 0o700);
+    let files: Vec<_> = std::fs::read_dir(&nested)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(!files.is_empty());
+    for file in files {
+        assert_eq!(mode(&file), 0o600, "{}", file.display());
+    }
+}
+
+/// A server that takes 9 s to shake hands and then never answers the peek:
+/// the SessionStart hook gives up within its 12 s, under the plugin's 15 s
+/// timeout (it took 19 s, and Claude Code cut it off).
+#[tokio::test]
+async fn a_slow_server_does_not_outlast_the_session_start_timeout() {
+    use axum::{Json, Router, http::StatusCode, response::IntoResponse, routing::post};
+    async fn mcp(Json(request): Json<Value>) -> axum::response::Response {
+        match request["method"].as_str() {
+            Some("initialize") => {
+                tokio::time::sleep(Duration::from_secs(9)).await;
+                Json(json!({
+                    "jsonrpc": "2.0",
+                    "id": request["id"],
+                    "result": {
+                        "protocolVersion": "2025-06-18",
+                        "capabilities": {"tools": {}},
+                        "serverInfo": {"name": "slow", "version": "1"}
+                    }
+                }))
+                .into_response()
+            }
+            Some(m) if m.starts_with("notifications/") => StatusCode::ACCEPTED.into_response(),
+            _ => std::future::pending().await,
+        }
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        axum::serve(listener, Router::new().route("/mcp", post(mcp)))
+            .await
+            .unwrap()
+    });
+    let state = state_dir();
+    let started = std::time::Instant::now();
+    let ran = run_hook(
+        &["claude-session-start"],
+        &url,
+        "phn_x",
+        &state,
+        json!({"session_id": "s", "hook_event_name": "SessionStart", "source": "startup"}),
+    )
+    .await;
+    let took = started.elapsed();
+    assert_eq!((ran.code, ran.stdout.as_str()), (0, ""), "{}", ran.stderr);
+    assert!(
+        ran.stderr.contains("could not check mail"),
+        "{}",
+        ran.stderr
+    );
+    // Under the plugin's timeout for this hook.
+    assert!(
+        took < Duration::from_secs(15),
+        "took {took:?}: {}",
+        ran.stderr
+    );
+}

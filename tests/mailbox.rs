@@ -829,14 +829,22 @@ async fn answers_that_take_nothing_stop_at_the_byte_budget() {
     assert_eq!(
         listed
             .iter()
-            .map(|m| m["body"].as_str().unwrap().get(..1).unwrap_or("").to_owned())
+            .map(|m| m["body"]
+                .as_str()
+                .unwrap()
+                .get(..1)
+                .unwrap_or("")
+                .to_owned())
             .collect::<Vec<_>>(),
         ["0", "2", ""],
         "{said}"
     );
     assert_eq!(listed[2]["body_omitted_bytes"], long(4).len());
     assert!(!said.contains("stops here"), "{said}");
-    assert!(said.contains("is not shown: this peek shows bodies up to 32 KiB"), "{said}");
+    assert!(
+        said.contains("is not shown: this peek shows bodies up to 32 KiB"),
+        "{said}"
+    );
     let (history, said) = look(
         &bob,
         "phone_inbox",

@@ -59,7 +59,7 @@ impl Memory {
     /// to a few seconds; then it goes on unlocked rather than stall).
     pub async fn lock(&self) -> io::Result<Locked<'_>> {
         let dir = self.file.parent().unwrap_or(self.file.as_path());
-        std::fs::create_dir_all(dir)?;
+        crate::remote::private_dir(dir)?;
         let lock = File::options()
             .create(true)
             .truncate(false)
@@ -105,10 +105,7 @@ impl Locked<'_> {
         let mut kept: Vec<&String> = ids.iter().collect();
         kept.sort_by_key(|id| std::cmp::Reverse(number(id)));
         kept.truncate(KEPT_MAX);
-        let file = &self.memory.file;
-        let tmp = file.with_extension(format!("tmp{}", std::process::id()));
-        std::fs::write(&tmp, serde_json::to_vec(&kept)?)?;
-        std::fs::rename(&tmp, file)
+        crate::remote::write_private(&self.memory.file, &serde_json::to_vec(&kept)?)
     }
 }
 

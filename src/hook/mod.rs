@@ -37,6 +37,11 @@ pub struct Outcome {
 
 /// The longest `--wait`: Claude Code's hook `timeout` must exceed it.
 pub const WAIT_MAX_SECS: u64 = 3600;
+/// How long a hook may take beyond its `--wait`: under the plugin's
+/// SessionStart `timeout` (15 s). A server that is slow to shake hands (10
+/// s allowed) and then to answer (10 s more) held the hook for 20 s, and
+/// Claude Code cut it off instead of hearing it fail open.
+const WITHIN: Duration = Duration::from_secs(12);
 /// Subjects are text another agent wrote; the reason quotes at most this much
 /// of each, and names at most this many messages.
 const SUBJECT_MAX_CHARS: usize = 80;
@@ -152,7 +157,12 @@ async fn stop(target: &Target, input: &HookInput, wait: Duration, env: Env<'_>) 
         .unwrap_or_default();
     let memory = state::Memory::open(env, input.session_id.as_deref(), token);
     let blocked_before: BTreeSet<String> = memory.as_ref().map(|m| m.load()).unwrap_or_default();
-    let unread = match client::peek_unread(target, wait, &blocked_before).await {
+    let unread = match within(
+        wait + WITHIN,
+        client::peek_unread(target, wait, &blocked_before),
+    )
+    .await
+    {
         Ok(u) => u,
         Err(e) => return fail_open(&e),
     };
@@ -188,7 +198,12 @@ async fn stop(target: &Target, input: &HookInput, wait: Duration, env: Env<'_>) 
 }
 
 async fn session_start(target: &Target) -> Outcome {
-    let unread = match client::peek_unread(target, Duration::ZERO, &BTreeSet::new()).await {
+    let unread = match within(
+        WITHIN,
+        client::peek_unread(target, Duration::ZERO, &BTreeSet::new()),
+    )
+    .await
+    {
         Ok(u) => u,
         Err(e) => return fail_open(&e),
     };
@@ -205,6 +220,16 @@ async fn session_start(target: &Target) -> Outcome {
         stdout: format!("{output}\n"),
         ..Outcome::default()
     }
+}
+
+/// `work`'s answer, or a timeout's error once `limit` has passed.
+async fn within<T>(
+    limit: Duration,
+    work: impl Future<Output = Result<T, RemoteError>>,
+) -> Result<T, RemoteError> {
+    tokio::time::timeout(limit, work)
+        .await
+        .unwrap_or(Err(RemoteError::Timeout(limit)))
 }
 
 /// The stop hook's instruction to the model.

@@ -42,11 +42,7 @@ impl Memory {
 
     pub fn save(&self, ids: &BTreeSet<String>) -> io::Result<()> {
         let dir = self.file.parent().unwrap_or(self.file.as_path());
-        std::fs::create_dir_all(dir)?;
-        let tmp = self
-            .file
-            .with_extension(format!("tmp{}", std::process::id()));
-        std::fs::write(&tmp, serde_json::to_vec(ids)?)?;
-        std::fs::rename(&tmp, &self.file)
+        crate::remote::private_dir(dir)?;
+        crate::remote::write_private(&self.file, &serde_json::to_vec(ids)?)
     }
 }

@@ -32,3 +32,31 @@ pub fn var(env: Env<'_>, key: &str) -> Option<String> {
         .map(|v| v.trim().to_owned())
         .filter(|v| !v.is_empty())
 }
+
+/// A folder of the clients' state (the hooks', the channel's), readable by
+/// its owner only: what they keep (ids of the agent's mail) is nobody
+/// else's business on a shared machine.
+pub fn private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
+/// Writes `bytes` to `file` through a temporary file beside it, readable by
+/// its owner only, then renamed: a reader sees the old or the new content.
+pub fn write_private(file: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let tmp = file.with_extension(format!("tmp{}", std::process::id()));
+    let mut out = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    out.write_all(bytes)?;
+    drop(out);
+    std::fs::rename(&tmp, file)
+}
