@@ -26,7 +26,9 @@ fn main() -> ExitCode {
 
 /// `phone inbox | head`: once the reader is gone, printing fails, and
 /// `println!` panics with a stack trace. A command whose reader left has
-/// nothing more to say: it ends quietly, as Unix tools do.
+/// nothing more to say: it ends quietly, with the status Unix tools end
+/// with there (141: killed by SIGPIPE), not a success: `inbox --read` may
+/// have marked mail read that nobody saw, and `set -o pipefail` must see it.
 fn quiet_on_a_closed_pipe() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
@@ -37,7 +39,7 @@ fn quiet_on_a_closed_pipe() {
             .or_else(|| info.payload().downcast_ref::<&str>().copied())
             .unwrap_or("");
         if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
-            std::process::exit(0);
+            std::process::exit(141);
         }
         default(info);
     }));

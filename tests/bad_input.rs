@@ -340,22 +340,38 @@ async fn unknown_tools_are_protocol_errors() {
 }
 
 /// What the invisible-character rule keeps: emoji sequences (joined by
-/// U+200D, with the emoji presentation selector U+FE0F) and scripts that
-/// need the zero-width non-joiner.
+/// U+200D, with the emoji presentation selector U+FE0F), scripts that need
+/// the zero-width non-joiner, bidi marks in mixed right-to-left text,
+/// ideographic variation selectors, soft hyphens; stored and shown as
+/// written, in the structured result and in the text.
 #[tokio::test]
-async fn emoji_and_joiners_are_kept() {
+async fn emoji_joiners_and_marks_are_kept() {
     let app = spawn_app().await;
     let c = app.client().await;
-    let a = register(&c, "alice", "A", "p").await;
+    let project = "\u{1F469}\u{200D}\u{1F4BB} team \u{0645}\u{06CC}\u{200C}\u{062E}\u{0648}\u{0627}\u{0647}\u{0645}";
+    let a = register(&c, "alice", "A", project).await;
     let bob = register(&c, "bob", "B", "p").await;
-    let subject = "deploy \u{1F469}\u{200D}\u{1F4BB} \u{2764}\u{FE0F} \u{0645}\u{06CC}\u{200C}\u{062E}\u{0648}\u{0627}\u{0647}\u{0645}";
+    let subject = "deploy \u{2764}\u{FE0F} \u{05E9}\u{05DC}\u{05D5}\u{05DD}\u{200E} v2 \u{845B}\u{E0100} co\u{00AD}operate";
     ok(
         &c,
         "phone_send",
         a.with(json!({"to": "bob", "subject": subject, "body": "b"})),
     )
     .await;
-    let got = ok(&c, "phone_inbox", bob.with(json!({}))).await;
+    let called = call(&c, "phone_inbox", bob.with(json!({}))).await;
+    let got = called.structured_content.clone().unwrap();
     assert_eq!(got["messages"][0]["subject"], subject);
+    assert_eq!(got["messages"][0]["from_project"], project);
+    let said = text(&called);
+    assert!(said.contains(subject) && said.contains(project), "{said}");
+    // A subdivision flag spells its region in tag characters, which are
+    // refused with it.
+    let err = tool_err(
+        &c,
+        "phone_send",
+        a.with(json!({"to": "bob", "subject": "\u{1F3F4}\u{E0067}\u{E0062}\u{E0065}\u{E006E}\u{E0067}\u{E007F}", "body": "b"})),
+    )
+    .await;
+    assert!(err.contains("invisible character U+E0067"), "{err}");
     app.stop().await;
 }

@@ -828,9 +828,19 @@ async fn with_require_sync_standby_mail_is_acknowledged_only_where_a_standby_hol
         1
     );
     assert_eq!(count("SELECT count(*) FROM contacts").await, 0);
-    // What only reads goes on.
+    // What only reads goes on: a search of the directory, and of one's
+    // mail, whose statement also writes the caller's presence when it is
+    // old (bookkeeping, not a change the caller is told about).
     let found = ok(&c, "phone_search", json!({"query": "alice"})).await;
     assert!(found.to_string().contains("alice"), "{found}");
+    db.execute(
+        "UPDATE agents SET last_seen_at = now() - interval '1 hour' WHERE name = 'bob'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let mine = ok(&c, "phone_inbox", bob.with(json!({"query": "one"}))).await;
+    assert_eq!(bodies(&mine), ["one"], "{mine}");
 
     // Until commits wait for a standby: the checkpointer decides that, and
     // reads a reloaded setting later than the sessions do. A probe commit of

@@ -60,11 +60,15 @@ impl Memory {
     pub async fn lock(&self) -> io::Result<Locked<'_>> {
         let dir = self.file.parent().unwrap_or(self.file.as_path());
         crate::remote::private_dir(dir)?;
-        let lock = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(self.file.with_extension("lock"))?;
+        let lock = {
+            use std::os::unix::fs::OpenOptionsExt as _;
+            File::options()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .mode(0o600)
+                .open(self.file.with_extension("lock"))?
+        };
         let deadline = tokio::time::Instant::now() + LOCK_WAIT;
         loop {
             match lock.try_lock() {

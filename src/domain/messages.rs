@@ -730,9 +730,10 @@ impl Phone {
     ) -> Result<store::Polled, PhoneError> {
         // A page of the history is cut to what an answer has room for, and
         // goes on with a cursor (one more row tells whether more exist). A
-        // peek stays whole: the hooks and channels that wake idle agents
-        // look among its 100 for what is new, and a page cut by the bodies
-        // of the oldest would hide it from them.
+        // peek keeps every message: the hooks and channels that wake idle
+        // agents look among its 100 for what is new, and a page cut by the
+        // bodies of the oldest would hide it from them. Past the budget it
+        // shows their sizes instead of their bodies.
         let (look, fetch) = match req.mode {
             InboxMode::History { before } => (Look::History { before }, limit + 1),
             _ => (Look::Peek, limit),

@@ -93,8 +93,9 @@ impl fmt::Display for AgentName {
 /// zero-width and filler characters, tags (U+E0000..: ASCII spelled
 /// invisibly, which a model reads and a person reviewing the text does not),
 /// variation selectors other than the emoji ones. Clients showing another
-/// agent's text replace them; fields of one line refuse them (see
-/// [`refused_in_text`]).
+/// agent's text replace them all; text fields refuse the few that disguise
+/// text ([`is_disguising_char`]), and keep the others, which legitimate
+/// text uses.
 pub fn is_hidden_char(c: char) -> bool {
     matches!(c,
         '\u{00AD}' | '\u{034F}' | '\u{061C}' | '\u{115F}' | '\u{1160}' | '\u{17B4}' | '\u{17B5}'
@@ -104,11 +105,25 @@ pub fn is_hidden_char(c: char) -> bool {
         | '\u{1D173}'..='\u{1D17A}' | '\u{E0000}'..='\u{E007F}' | '\u{E0100}'..='\u{E01EF}')
 }
 
+/// The hidden characters that change how text reads rather than how it
+/// looks: line and paragraph separators (a line break no `\n` check finds:
+/// a forged header line), bidi embeddings, overrides and isolates (words
+/// shown in another order), interlinear annotations, the deprecated format
+/// controls, and tags (ASCII spelled invisibly; the subdivision flags of
+/// England, Scotland and Wales spell their region with them, and are
+/// refused with them). Zero-width joiners (emoji, Persian, Indic scripts),
+/// bidi marks (mixed right-to-left text), soft hyphens and variation
+/// selectors (ideographs, Mongolian, emoji) stay.
+pub fn is_disguising_char(c: char) -> bool {
+    matches!(c,
+        '\u{2028}'..='\u{202E}' | '\u{2066}'..='\u{206F}' | '\u{FFF9}'..='\u{FFFB}'
+        | '\u{E0000}'..='\u{E007F}')
+}
+
 /// What text fields other agents read (subject, project, description)
-/// refuse: control characters and [`is_hidden_char`]s, but the zero-width
-/// joiner and non-joiner, which emoji and several scripts need.
+/// refuse: control characters and [`is_disguising_char`]s.
 fn refused_in_text(c: char) -> bool {
-    c.is_control() || (is_hidden_char(c) && !matches!(c, '\u{200C}' | '\u{200D}'))
+    c.is_control() || is_disguising_char(c)
 }
 
 /// Free text shown to other agents (description, project, subject): one line,
@@ -191,7 +206,7 @@ fn check_len(field: &'static str, text: &str, max_chars: usize) -> Result<(), In
 fn describe_char(c: char) -> String {
     if c == '\0' {
         "a NUL character (U+0000)".into()
-    } else if c.is_control() || c.is_whitespace() || is_hidden_char(c) {
+    } else if c.is_control() || c.is_whitespace() || is_disguising_char(c) {
         format!("the invisible character U+{:04X}", c as u32)
     } else {
         format!("'{c}' (U+{:04X})", c as u32)

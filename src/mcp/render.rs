@@ -22,7 +22,7 @@ fn quoted(text: &str) -> String {
     let shown: String = text
         .chars()
         .map(|c| {
-            if crate::domain::types::is_hidden_char(c) {
+            if crate::domain::types::is_disguising_char(c) {
                 '\u{FFFD}'
             } else {
                 c

@@ -161,7 +161,7 @@ pub const STALLED: &str = "the database did not answer in time";
 /// `PHONE_REQUIRE_SYNC_STANDBY`: the primary's commits would not wait for a
 /// standby, so the call was rolled back (`pool::standby`).
 pub const NO_SYNC_STANDBY: &str = "the database has no synchronous standby right now, as during a failover, \
-     and this server acknowledges mail only once a standby holds it; nothing was done";
+     and this server acknowledges mail and changes only once a standby holds them; nothing was done";
 
 /// `PHONE_REQUIRE_SYNC_STANDBY`: the call committed on a primary that had
 /// no synchronous standby, and no standby confirmed holding it.

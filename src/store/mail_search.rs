@@ -314,7 +314,9 @@ pub async fn search(
         let stmt = db.prepare_cached(&SEARCH).await?;
         db.query(&stmt, &params).await?
     } else {
-        db.transaction(async |db| {
+        // Its only write is the caller's presence: a read, which goes on
+        // while the sync-standby guard refuses changes.
+        db.read_transaction(async |db| {
             let generic = db.prepare_cached(GENERIC_PLAN).await?;
             db.execute(&generic, &[]).await?;
             let stmt = db.prepare_cached(&SEARCH).await?;

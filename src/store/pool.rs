@@ -11,7 +11,7 @@ use deadpool_postgres::{Manager, ManagerConfig, PoolError, RecyclingMethod, Runt
 use tokio_postgres::{Row, Statement, types::ToSql};
 
 use super::connect::Connector;
-use super::error::{READ_ONLY, STALLED};
+use super::error::{READ_ONLY, STALLED, UNCONFIRMED};
 use super::failover::{NO_WAL_MESSAGES, Stale, WRITABLE_SQL, WRITABLE_SQL_NO_WAL};
 use super::tls::Tls;
 use super::{Settings, StoreError};
@@ -316,6 +316,25 @@ impl Client {
         F: AsyncFnOnce(&Client) -> Result<T, E>,
         E: From<StoreError>,
     {
+        self.transaction_as(self.guard, work).await
+    }
+
+    /// [`Client::transaction`] without the guard, for a transaction whose
+    /// only write is bookkeeping no caller is told about (a search's
+    /// presence write): a read must go on while no standby is there.
+    pub async fn read_transaction<T, E, F>(&self, work: F) -> Result<T, E>
+    where
+        F: AsyncFnOnce(&Client) -> Result<T, E>,
+        E: From<StoreError>,
+    {
+        self.transaction_as(Guard::Off, work).await
+    }
+
+    async fn transaction_as<T, E, F>(&self, guard: Guard, work: F) -> Result<T, E>
+    where
+        F: AsyncFnOnce(&Client) -> Result<T, E>,
+        E: From<StoreError>,
+    {
         // Marked before BEGIN is sent: a future dropped while it waits for
         // BEGIN's answer must not hand the connection back in a transaction.
         self.transaction
@@ -323,7 +342,7 @@ impl Client {
         self.simple("BEGIN").await?;
         let mut outcome = work(self).await;
         let mut wrote = false;
-        if outcome.is_ok() && self.guard == Guard::SyncStandby {
+        if outcome.is_ok() && guard == Guard::SyncStandby {
             match self.require_sync_standby_if_written().await {
                 Ok(written) => wrote = written,
                 Err(e) => outcome = Err(e.into()),
@@ -344,7 +363,15 @@ impl Client {
         self.transaction
             .store(false, std::sync::atomic::Ordering::Relaxed);
         let value = outcome?;
-        ended?;
+        if let Err(e) = ended {
+            // A COMMIT sent whose answer never came may have committed.
+            return Err(if wrote {
+                StoreError::Unavailable(UNCONFIRMED.into())
+            } else {
+                e
+            }
+            .into());
+        }
         if wrote {
             self.confirm_on_standby().await?;
         }
@@ -355,6 +382,8 @@ impl Client {
     /// [`Client::transaction`] where the pool is guarded (so that it is
     /// acknowledged only where a standby holds it), else as it is (each
     /// statement its own transaction, no extra round trips).
+    /// (Guarded, a conflict fails the transaction and the caller hears
+    /// "retry": it is not run again alone, as a statement of its own is.)
     pub async fn acknowledged<T, E, F>(&self, work: F) -> Result<T, E>
     where
         F: AsyncFnOnce(&Client) -> Result<T, E>,
