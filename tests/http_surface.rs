@@ -143,6 +143,32 @@ async fn malformed_requests_get_clear_errors_never_a_500() {
     assert!(status.as_u16() < 500, "{status}");
     assert!(text.contains("-32601"), "method not found: {text}");
 
+    // A tools/call whose params are not a tool call's: rmcp answered
+    // -32601 "tools/call", as if the method did not exist. It is the
+    // params (-32602), said plainly, with the request's id.
+    for (params, says) in [
+        (json!(null), "tools/call needs params"),
+        (json!([1, 2]), "params must be an object; got a list"),
+        (json!({"arguments": {}}), "needs params.name"),
+        (json!({"name": 7}), "params.name must be a string"),
+        (
+            json!({"name": "phone_search", "arguments": ["q"]}),
+            "params.arguments must be an object",
+        ),
+    ] {
+        let mut request = json!({"jsonrpc": "2.0", "id": "call-9", "method": "tools/call"});
+        if !params.is_null() {
+            request["params"] = params.clone();
+        }
+        let response = post_raw(&app, request.to_string(), "application/json").await;
+        assert_eq!(response.status().as_u16(), 200, "{params}");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["id"], "call-9", "{body}");
+        assert_eq!(body["error"]["code"], -32602, "{body}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says), "{params}: {message}");
+    }
+
     // The server still serves normal requests afterwards.
     let c = app.client().await;
     ok(&c, "phone_search", json!({})).await;

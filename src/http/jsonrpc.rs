@@ -52,7 +52,10 @@ pub(super) async fn check_jsonrpc(max_body: usize, req: Request, next: Next) -> 
     };
     let mut parts = parts;
     match validate_message(&bytes) {
-        Err(problem) => return (StatusCode::BAD_REQUEST, problem).into_response(),
+        Err(Refusal::Malformed(problem)) => {
+            return (StatusCode::BAD_REQUEST, problem).into_response();
+        }
+        Err(Refusal::Answer(answer)) => return answer.into_response(),
         Ok(Kind::Handshake) => {
             parts.extensions.insert(Handshake);
         }
@@ -100,6 +103,11 @@ struct Envelope<'a> {
     method: Option<std::borrow::Cow<'a, str>>,
     result: Option<serde::de::IgnoredAny>,
     error: Option<serde::de::IgnoredAny>,
+    /// Echoed by an answer given here to a request (a number or a short
+    /// string).
+    id: Option<serde_json::Value>,
+    /// Its kinds only: the content is skipped as it would be anyway.
+    params: Option<super::call_shape::Params>,
 }
 
 /// The -32700 answer when `bytes` is not JSON at all.
@@ -115,6 +123,14 @@ fn parse_error(bytes: &[u8]) -> Option<Json<serde_json::Value>> {
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Handshake;
 
+/// Why a message goes no further than the envelope check.
+enum Refusal {
+    /// Not one well-formed JSON-RPC message: HTTP 400.
+    Malformed(Json<serde_json::Value>),
+    /// A request answered here, as a JSON-RPC error with its id.
+    Answer(Json<serde_json::Value>),
+}
+
 /// What kind of call a valid message is, as far as the layers before rmcp
 /// care.
 enum Kind {
@@ -126,16 +142,16 @@ enum Kind {
 /// The calls a client makes to connect and see what the server offers.
 const HANDSHAKE_METHODS: [&str; 3] = ["initialize", "server/discover", "tools/list"];
 
-fn validate_message(bytes: &[u8]) -> Result<Kind, Json<serde_json::Value>> {
+fn validate_message(bytes: &[u8]) -> Result<Kind, Refusal> {
     // Skipping over strings does not check their UTF-8; this does.
     if let Err(e) = std::str::from_utf8(bytes) {
-        return Err(jsonrpc_error(
+        return Err(malformed(
             -32700,
             &format!("Parse error: invalid UTF-8 ({e})"),
         ));
     }
     if nesting_depth(bytes) > MAX_JSON_DEPTH {
-        return Err(jsonrpc_error(
+        return Err(malformed(
             -32700,
             &format!("Parse error: JSON nested deeper than {MAX_JSON_DEPTH} levels"),
         ));
@@ -144,18 +160,18 @@ fn validate_message(bytes: &[u8]) -> Result<Kind, Json<serde_json::Value>> {
         Some(b'{') => {}
         Some(b'[') => {
             if let Some(parse) = parse_error(bytes) {
-                return Err(parse);
+                return Err(Refusal::Malformed(parse));
             }
-            return Err(jsonrpc_error(
+            return Err(malformed(
                 -32600,
                 "Invalid Request: JSON-RPC batches are not supported; send one message per request",
             ));
         }
         _ => {
             if let Some(parse) = parse_error(bytes) {
-                return Err(parse);
+                return Err(Refusal::Malformed(parse));
             }
-            return Err(jsonrpc_error(
+            return Err(malformed(
                 -32600,
                 "Invalid Request: expected a JSON-RPC object",
             ));
@@ -165,11 +181,11 @@ fn validate_message(bytes: &[u8]) -> Result<Kind, Json<serde_json::Value>> {
     // tell malformed JSON (-32700) from a malformed message (-32600).
     let envelope: Envelope<'_> =
         serde_json::from_slice(bytes).map_err(|e| match parse_error(bytes) {
-            Some(parse) => parse,
-            None => jsonrpc_error(-32600, &format!("Invalid Request: {e}")),
+            Some(parse) => Refusal::Malformed(parse),
+            None => malformed(-32600, &format!("Invalid Request: {e}")),
         })?;
     if envelope.jsonrpc != Some("2.0") {
-        return Err(jsonrpc_error(
+        return Err(malformed(
             -32600,
             "Invalid Request: \"jsonrpc\" must be \"2.0\"",
         ));
@@ -179,7 +195,7 @@ fn validate_message(bytes: &[u8]) -> Result<Kind, Json<serde_json::Value>> {
         .as_deref()
         .is_some_and(|m| m.trim().is_empty())
     {
-        return Err(jsonrpc_error(
+        return Err(malformed(
             -32600,
             "Invalid Request: \"method\" must not be empty",
         ));
@@ -189,16 +205,26 @@ fn validate_message(bytes: &[u8]) -> Result<Kind, Json<serde_json::Value>> {
         .as_deref()
         .is_some_and(|m| m.chars().count() > MAX_METHOD_CHARS)
     {
-        return Err(jsonrpc_error(
+        return Err(malformed(
             -32600,
             &format!("Invalid Request: \"method\" is longer than {MAX_METHOD_CHARS} characters"),
         ));
     }
     if envelope.method.is_none() && envelope.result.is_none() && envelope.error.is_none() {
-        return Err(jsonrpc_error(
+        return Err(malformed(
             -32600,
             "Invalid Request: a request needs a \"method\"",
         ));
+    }
+    if envelope.method.as_deref() == Some("tools/call")
+        && let Some(problem) = super::call_shape::Params::tool_call_problem(envelope.params)
+    {
+        // A request, well formed but for its params: its own answer.
+        return Err(Refusal::Answer(Json(json!({
+            "jsonrpc": "2.0",
+            "id": envelope.id,
+            "error": {"code": -32602, "message": problem},
+        }))));
     }
     Ok(match envelope.method.as_deref() {
         Some(m) if HANDSHAKE_METHODS.contains(&m) => Kind::Handshake,
@@ -233,6 +259,10 @@ fn nesting_depth(bytes: &[u8]) -> usize {
         }
     }
     max
+}
+
+fn malformed(code: i32, message: &str) -> Refusal {
+    Refusal::Malformed(jsonrpc_error(code, message))
 }
 
 pub(super) fn jsonrpc_error(code: i32, message: &str) -> Json<serde_json::Value> {

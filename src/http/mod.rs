@@ -3,6 +3,7 @@
 //! around them; `serve` is the accept loop.
 
 mod bearer;
+mod call_shape;
 mod client_address;
 mod handover;
 mod health;
