@@ -144,8 +144,9 @@ async fn malformed_requests_get_clear_errors_never_a_500() {
     assert!(text.contains("-32601"), "method not found: {text}");
 
     // A tools/call whose params are not a tool call's: rmcp answered
-    // -32601 "tools/call", as if the method did not exist. It is the
-    // params (-32602), said plainly, with the request's id.
+    // -32601 "tools/call", as if the method did not exist (or 400 -32600
+    // for params that are not an object). It is the params (-32602), said
+    // plainly, with the request's id.
     for (params, says) in [
         (json!(null), "tools/call needs params"),
         (json!([1, 2]), "params must be an object; got a list"),
@@ -168,6 +169,27 @@ async fn malformed_requests_get_clear_errors_never_a_500() {
         let message = body["error"]["message"].as_str().unwrap_or_default();
         assert!(message.contains(says), "{params}: {message}");
     }
+    // The same as a notification (no id) gets no answer, as rmcp gives
+    // none; from a foreign host it meets rmcp's DNS-rebinding check first.
+    let notification = post_raw(
+        &app,
+        json!({"jsonrpc": "2.0", "method": "tools/call", "params": {"name": 7}}).to_string(),
+        "application/json",
+    )
+    .await;
+    assert_eq!(notification.status().as_u16(), 202);
+    assert_eq!(notification.text().await.unwrap(), "");
+    let foreign = reqwest::Client::new()
+        .post(app.mcp_url())
+        .header("host", "evil.example")
+        .header("content-type", "application/json")
+        .header("accept", ACCEPT)
+        .header("mcp-protocol-version", "2025-11-25")
+        .body(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": []}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(foreign.status().as_u16(), 403);
 
     // The server still serves normal requests afterwards.
     let c = app.client().await;

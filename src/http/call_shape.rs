@@ -1,8 +1,10 @@
 //! The shape of a `tools/call` request's `params`, read in the envelope
 //! check's one parse of the body. rmcp answers a `tools/call` whose params
-//! it cannot decode (none, a list, a name that is not a string) with
-//! -32601 "tools/call", as if the method did not exist; the caller's
-//! mistake is its params (-32602), and the answer says which.
+//! it cannot read as a call's (none, a name that is not a string,
+//! arguments that are not an object) with -32601 "tools/call", as if the
+//! method did not exist, and one whose params are not an object with 415
+//! (our 400 -32600); the caller's mistake is its params (-32602), and the
+//! answer says which.
 
 use std::fmt;
 
@@ -105,7 +107,9 @@ impl Params {
         match params.name {
             Some(Kind::String) => {}
             None => {
-                return Some("Invalid params: tools/call needs params.name, the tool's name".into());
+                return Some(
+                    "Invalid params: tools/call needs params.name, the tool's name".into(),
+                );
             }
             Some(other) => {
                 return Some(format!(

@@ -51,19 +51,23 @@ pub(super) async fn check_jsonrpc(max_body: usize, req: Request, next: Next) -> 
         }
     };
     let mut parts = parts;
-    match validate_message(&bytes) {
-        Err(Refusal::Malformed(problem)) => {
-            return (StatusCode::BAD_REQUEST, problem).into_response();
-        }
-        Err(Refusal::Answer(answer)) => return answer.into_response(),
-        Ok(Kind::Handshake) => {
-            parts.extensions.insert(Handshake);
-        }
-        Ok(Kind::Other) => {}
+    let message = match validate_message(&bytes) {
+        Err(problem) => return (StatusCode::BAD_REQUEST, problem).into_response(),
+        Ok(message) => message,
+    };
+    if let Kind::Handshake = message.kind {
+        parts.extensions.insert(Handshake);
     }
     let response = next
         .run(Request::from_parts(parts, Body::from(bytes)))
         .await;
+    // A tool call whose params rmcp could not read as one: rmcp answers as
+    // if the method did not exist (-32601 "tools/call"), or cannot decode it
+    // (415). After rmcp, so that its own checks (Host, Origin, Accept, the
+    // protocol version) answer first.
+    if let Some(answer) = message.bad_params {
+        return bad_params_answer(response, answer).await;
+    }
     // The Content-Type was right, so a 415 from rmcp means it could not
     // decode the message: that is the client's malformed request (400).
     if response.status() == StatusCode::UNSUPPORTED_MEDIA_TYPE {
@@ -81,6 +85,29 @@ pub(super) async fn check_jsonrpc(max_body: usize, req: Request, next: Next) -> 
             .into_response();
     }
     response
+}
+
+/// rmcp's `response` to a tool call with malformed params, or `answer`
+/// (-32602, saying what is wrong) where rmcp did not understand the call.
+async fn bad_params_answer(response: Response, answer: Json<serde_json::Value>) -> Response {
+    match response.status() {
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => answer.into_response(),
+        StatusCode::OK => {
+            let (parts, body) = response.into_parts();
+            // rmcp's answer to a call it could not read is a few bytes.
+            let Ok(bytes) = to_bytes(body, 64 * 1024).await else {
+                return answer.into_response();
+            };
+            let not_found = serde_json::from_slice::<serde_json::Value>(&bytes)
+                .is_ok_and(|v| v["error"]["code"] == -32601);
+            if not_found {
+                answer.into_response()
+            } else {
+                Response::from_parts(parts, Body::from(bytes))
+            }
+        }
+        _ => response,
+    }
 }
 
 fn truncate(text: &str, max_chars: usize) -> String {
@@ -103,8 +130,7 @@ struct Envelope<'a> {
     method: Option<std::borrow::Cow<'a, str>>,
     result: Option<serde::de::IgnoredAny>,
     error: Option<serde::de::IgnoredAny>,
-    /// Echoed by an answer given here to a request (a number or a short
-    /// string).
+    /// Echoed by a tool call's -32602 answer ([`is_request_id`]).
     id: Option<serde_json::Value>,
     /// Its kinds only: the content is skipped as it would be anyway.
     params: Option<super::call_shape::Params>,
@@ -123,12 +149,12 @@ fn parse_error(bytes: &[u8]) -> Option<Json<serde_json::Value>> {
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Handshake;
 
-/// Why a message goes no further than the envelope check.
-enum Refusal {
-    /// Not one well-formed JSON-RPC message: HTTP 400.
-    Malformed(Json<serde_json::Value>),
-    /// A request answered here, as a JSON-RPC error with its id.
-    Answer(Json<serde_json::Value>),
+/// A well-formed message, as far as the layers around rmcp care.
+struct Message {
+    kind: Kind,
+    /// A tool call's answer where its params are not a tool call's
+    /// (-32602, with its id): given if rmcp does not understand the call.
+    bad_params: Option<Json<serde_json::Value>>,
 }
 
 /// What kind of call a valid message is, as far as the layers before rmcp
@@ -142,7 +168,7 @@ enum Kind {
 /// The calls a client makes to connect and see what the server offers.
 const HANDSHAKE_METHODS: [&str; 3] = ["initialize", "server/discover", "tools/list"];
 
-fn validate_message(bytes: &[u8]) -> Result<Kind, Refusal> {
+fn validate_message(bytes: &[u8]) -> Result<Message, Json<serde_json::Value>> {
     // Skipping over strings does not check their UTF-8; this does.
     if let Err(e) = std::str::from_utf8(bytes) {
         return Err(malformed(
@@ -160,7 +186,7 @@ fn validate_message(bytes: &[u8]) -> Result<Kind, Refusal> {
         Some(b'{') => {}
         Some(b'[') => {
             if let Some(parse) = parse_error(bytes) {
-                return Err(Refusal::Malformed(parse));
+                return Err(parse);
             }
             return Err(malformed(
                 -32600,
@@ -169,7 +195,7 @@ fn validate_message(bytes: &[u8]) -> Result<Kind, Refusal> {
         }
         _ => {
             if let Some(parse) = parse_error(bytes) {
-                return Err(Refusal::Malformed(parse));
+                return Err(parse);
             }
             return Err(malformed(
                 -32600,
@@ -181,7 +207,7 @@ fn validate_message(bytes: &[u8]) -> Result<Kind, Refusal> {
     // tell malformed JSON (-32700) from a malformed message (-32600).
     let envelope: Envelope<'_> =
         serde_json::from_slice(bytes).map_err(|e| match parse_error(bytes) {
-            Some(parse) => Refusal::Malformed(parse),
+            Some(parse) => parse,
             None => malformed(-32600, &format!("Invalid Request: {e}")),
         })?;
     if envelope.jsonrpc != Some("2.0") {
@@ -216,20 +242,25 @@ fn validate_message(bytes: &[u8]) -> Result<Kind, Refusal> {
             "Invalid Request: a request needs a \"method\"",
         ));
     }
-    if envelope.method.as_deref() == Some("tools/call")
-        && let Some(problem) = super::call_shape::Params::tool_call_problem(envelope.params)
-    {
-        // A request, well formed but for its params: its own answer.
-        return Err(Refusal::Answer(Json(json!({
-            "jsonrpc": "2.0",
-            "id": envelope.id,
-            "error": {"code": -32602, "message": problem},
-        }))));
-    }
-    Ok(match envelope.method.as_deref() {
+    // Only a request (a notification gets no answer) whose id rmcp would
+    // take: a string, or a whole number (echoed as it came).
+    let bad_params = match (&envelope.method, envelope.id) {
+        (Some(method), Some(id)) if method == "tools/call" && is_request_id(&id) => {
+            super::call_shape::Params::tool_call_problem(envelope.params).map(|problem| {
+                Json(json!({
+                    "jsonrpc": "2.0",
+                    "id": id,
+                    "error": {"code": -32602, "message": problem},
+                }))
+            })
+        }
+        _ => None,
+    };
+    let kind = match envelope.method.as_deref() {
         Some(m) if HANDSHAKE_METHODS.contains(&m) => Kind::Handshake,
         _ => Kind::Other,
-    })
+    };
+    Ok(Message { kind, bad_params })
 }
 
 /// No tool argument needs more; deeper input only costs stack and time.
@@ -261,8 +292,18 @@ fn nesting_depth(bytes: &[u8]) -> usize {
     max
 }
 
-fn malformed(code: i32, message: &str) -> Refusal {
-    Refusal::Malformed(jsonrpc_error(code, message))
+fn malformed(code: i32, message: &str) -> Json<serde_json::Value> {
+    jsonrpc_error(code, message)
+}
+
+/// An id rmcp takes, and short enough to echo: a string of at most 200
+/// characters, or a whole number.
+fn is_request_id(id: &serde_json::Value) -> bool {
+    match id {
+        serde_json::Value::String(s) => s.chars().count() <= 200,
+        serde_json::Value::Number(n) => n.is_i64() || n.is_u64(),
+        _ => false,
+    }
 }
 
 pub(super) fn jsonrpc_error(code: i32, message: &str) -> Json<serde_json::Value> {
