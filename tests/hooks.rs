@@ -23,6 +23,15 @@ struct Ran {
 }
 
 impl Ran {
+    /// The reason of the stop hook's "block" decision, which it must have
+    /// printed (`why` says so when it did not).
+    fn reason(&self, why: &str) -> String {
+        self.decision().expect(why)["reason"]
+            .as_str()
+            .expect("the reason is a string")
+            .to_owned()
+    }
+
     /// The stop hook's decision, if it printed one.
     fn decision(&self) -> Option<Value> {
         let out = self.stdout.trim();
@@ -186,10 +195,7 @@ async fn the_stop_hook_blocks_for_new_mail_once_and_consumes_nothing() {
         stop_input("s1", true),
     )
     .await;
-    let reason = third.decision().expect("new mail blocks")["reason"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let reason = third.reason("new mail blocks");
     assert!(reason.starts_with("3 unread message(s)"), "{reason}");
 
     // Another session of the same agent has its own memory.
@@ -289,10 +295,7 @@ async fn a_subject_cannot_forge_the_instruction_the_model_reads() {
         stop_input("s", false),
     )
     .await;
-    let reason = ran.decision().expect("blocks")["reason"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let reason = ran.reason("blocks");
     assert!(
         !reason.contains(['\n', '\u{2028}']),
         "no line breaks from a subject: {reason}"
@@ -353,10 +356,7 @@ async fn with_wait_it_waits_for_mail_and_lets_the_agent_stop_when_none_comes() {
     )
     .await;
     let woke = waiting.await.unwrap();
-    let reason = woke.decision().expect("mail during the wait blocks")["reason"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let reason = woke.reason("mail during the wait blocks");
     assert!(reason.contains("\"wake up\""), "{reason}");
 
     // Told once; waiting again, it wakes only for the next new message.
@@ -384,10 +384,7 @@ async fn with_wait_it_waits_for_mail_and_lets_the_agent_stop_when_none_comes() {
         alice.with(json!({"to": "bob", "subject": "second", "body": "2"})),
     )
     .await;
-    let reason = waiting.await.unwrap().decision().expect("new mail blocks")["reason"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let reason = waiting.await.unwrap().reason("new mail blocks");
     assert!(reason.starts_with("2 unread"), "{reason}");
     assert_eq!(
         ok(&c, "phone_inbox", bob.with(json!({}))).await["messages"]
@@ -577,10 +574,7 @@ async fn a_flood_of_large_bodies_cannot_silence_the_hooks() {
         stop_input("t", false),
     )
     .await;
-    let reason = stop.decision().expect("the stop hook blocks for the mail")["reason"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let reason = stop.reason("the stop hook blocks for the mail");
     assert!(reason.contains("71 unread"), "{reason}");
 
     // The peek itself: every message, the friend's included, with its

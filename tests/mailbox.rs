@@ -1852,22 +1852,54 @@ async fn every_shape_of_the_mail_statement_runs() {
     app.stop().await;
 }
 
-/// Several sends of one sender to one inbox in one statement (a batch can
-/// carry them: calls from parallel connections) leave the sender's share of
-/// that inbox and no more, an empty inbox included: the backlog's bound
-/// counts the statement's earlier copies of the pair. A copy to the same
-/// inbox that its contact policy refused, ahead of them, counts for nothing
-/// (the others pass the policy as answers to the recipient's own mail). Run
-/// through the statement itself, as a batch would: the tests' calls cannot
-/// be made to share a batch for certain.
-#[tokio::test]
-async fn one_statement_of_sends_to_one_inbox_keeps_the_senders_share() {
-    let app = spawn_app().await;
-    let c = app.client().await;
-    let db = app.db().await;
-    let alice = register(&c, "alice", "A", "p").await;
-    let bob = register(&c, "bob", "B", "p").await;
-    set_policy(&c, &bob, "closed").await;
+/// One plain send of a statement (no key, one recipient).
+struct PlainSend {
+    to: String,
+    to_id: Option<i64>,
+    reply_to: Option<i64>,
+    thread: Option<i64>,
+    answers: bool,
+}
+
+impl PlainSend {
+    fn to(name: &str) -> Self {
+        Self {
+            to: name.to_owned(),
+            to_id: None,
+            reply_to: None,
+            thread: None,
+            answers: false,
+        }
+    }
+}
+
+/// The quotas a statement is run with (0: off).
+struct Quotas {
+    per_hour: i32,
+    new_per_day: i32,
+    unread_max: i32,
+    per_sender: i32,
+}
+
+impl Quotas {
+    const OFF: Self = Self {
+        per_hour: 0,
+        new_per_day: 0,
+        unread_max: 0,
+        per_sender: 0,
+    };
+}
+
+/// `sends`, all by the holder of `token`, run as one mail statement of the
+/// shape of plain sends under quotas, as a batch would run them (the
+/// tests' calls cannot be made to share a batch for certain). Each send's
+/// (refusal, stored), in order.
+async fn run_plain_sends(
+    db: &tokio_postgres::Client,
+    token: &str,
+    sends: &[PlainSend],
+    quotas: Quotas,
+) -> Vec<(Option<String>, bool)> {
     let (sql, types) = phone::store::every_mail_statement()
         .into_iter()
         .find(|(sql, _)| {
@@ -1879,24 +1911,26 @@ async fn one_statement_of_sends_to_one_inbox_keeps_the_senders_share() {
         })
         .expect("the shape of plain sends under quotas");
     let stmt = db.prepare_typed(sql, types).await.unwrap();
-    let to = ["bob"; 4];
-    let answers = [false, true, true, true];
-    let n = to.len();
-    let token = Sha256::digest(alice.token.as_bytes()).to_vec();
-    let (per_hour, new_per_day, unread_max, per_sender) = (0_i32, 0_i32, 0_i32, 2_i32);
+    let n = sends.len();
+    let token = Sha256::digest(token.as_bytes()).to_vec();
+    let to: Vec<String> = sends.iter().map(|s| s.to.clone()).collect();
+    let reply_to: Vec<Option<i64>> = sends.iter().map(|s| s.reply_to).collect();
+    let thread: Vec<Option<i64>> = sends.iter().map(|s| s.thread).collect();
+    let to_id: Vec<Option<i64>> = sends.iter().map(|s| s.to_id).collect();
+    let answers: Vec<bool> = sends.iter().map(|s| s.answers).collect();
     let rows = db
         .query(
             &stmt,
             &[
                 &vec![token; n],
                 &vec![None::<String>; n],
-                &to.to_vec(),
+                &to,
                 &vec![None::<String>; n],
                 &(0..n).map(|i| format!("note {i}")).collect::<Vec<_>>(),
-                &vec![None::<i64>; n],
-                &vec![None::<i64>; n],
+                &reply_to,
+                &thread,
                 &vec![None::<String>; n],
-                &vec![None::<i64>; n],
+                &to_id,
                 &Vec::<Vec<u8>>::new(),
                 &Vec::<Option<String>>::new(),
                 &Vec::<i64>::new(),
@@ -1904,11 +1938,11 @@ async fn one_statement_of_sends_to_one_inbox_keeps_the_senders_share() {
                 &Vec::<i64>::new(),
                 &Vec::<Option<f64>>::new(),
                 &Vec::<Option<i32>>::new(),
-                &answers.to_vec(),
-                &per_hour,
-                &new_per_day,
-                &unread_max,
-                &per_sender,
+                &answers,
+                &quotas.per_hour,
+                &quotas.new_per_day,
+                &quotas.unread_max,
+                &quotas.per_sender,
                 &100_i32,
                 &vec![None::<f64>; n],
                 &(1..=n as i64).collect::<Vec<_>>(),
@@ -1932,9 +1966,48 @@ async fn one_statement_of_sends_to_one_inbox_keeps_the_senders_share() {
         })
         .collect();
     decided.sort();
+    decided
+        .into_iter()
+        .map(|(_, refusal, stored)| (refusal, stored))
+        .collect()
+}
+
+/// Several sends of one sender to one inbox in one statement (a batch can
+/// carry them: calls from parallel connections) leave the sender's share of
+/// that inbox and no more, an empty inbox included: the backlog's bound
+/// counts the statement's earlier copies of the pair. A copy to the same
+/// inbox that its contact policy refused, ahead of them, counts for nothing
+/// (the others pass the policy as answers to the recipient's own mail). Run
+/// through the statement itself, as a batch would: the tests' calls cannot
+/// be made to share a batch for certain.
+#[tokio::test]
+async fn one_statement_of_sends_to_one_inbox_keeps_the_senders_share() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let db = app.db().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let bob = register(&c, "bob", "B", "p").await;
+    set_policy(&c, &bob, "closed").await;
+    let copies: Vec<PlainSend> = [false, true, true, true]
+        .into_iter()
+        .map(|answers| PlainSend {
+            answers,
+            ..PlainSend::to("bob")
+        })
+        .collect();
+    let decided = run_plain_sends(
+        &db,
+        &alice.token,
+        &copies,
+        Quotas {
+            per_sender: 2,
+            ..Quotas::OFF
+        },
+    )
+    .await;
     let refusals: Vec<(Option<&str>, bool)> = decided
         .iter()
-        .map(|(_, refusal, stored)| (refusal.as_deref(), *stored))
+        .map(|(refusal, stored)| (refusal.as_deref(), *stored))
         .collect();
     assert_eq!(
         refusals,
@@ -2066,79 +2139,30 @@ async fn replies_in_one_statement_are_not_first_contacts() {
             format!("stranger{i}"),
         ));
     }
-    let (sql, types) = phone::store::every_mail_statement()
-        .into_iter()
-        .find(|(sql, _)| {
-            sql.contains("sreq AS")
-                && sql.contains("hour_counted AS")
-                && !sql.contains("preq AS")
-                && !sql.contains("WINDOW same_send")
-                && !sql.contains("ON CONFLICT (sender_id, idempotency_key)")
-        })
-        .expect("the shape of plain sends under quotas");
-    let stmt = db.prepare_typed(sql, types).await.unwrap();
     // The answers first, then the first messages.
-    let mut to: Vec<String> = hellos.iter().map(|h| h.3.clone()).collect();
-    to.extend(["coworker0".to_owned(), "coworker1".to_owned()]);
-    let mut reply_to: Vec<Option<i64>> = hellos.iter().map(|h| Some(h.0)).collect();
-    reply_to.extend([None, None]);
-    let mut thread: Vec<Option<i64>> = hellos.iter().map(|h| Some(h.2)).collect();
-    thread.extend([None, None]);
-    let mut to_id: Vec<Option<i64>> = hellos.iter().map(|h| Some(h.1)).collect();
-    to_id.extend([None, None]);
-    let answers = [true, true, true, false, false];
-    let n = to.len();
-    let token = Sha256::digest(bot.token.as_bytes()).to_vec();
-    let (per_hour, new_per_day, unread_max, per_sender) = (0_i32, 2_i32, 0_i32, 0_i32);
-    let rows = db
-        .query(
-            &stmt,
-            &[
-                &vec![token; n],
-                &vec![None::<String>; n],
-                &to,
-                &vec![None::<String>; n],
-                &(0..n).map(|i| format!("note {i}")).collect::<Vec<_>>(),
-                &reply_to,
-                &thread,
-                &vec![None::<String>; n],
-                &to_id,
-                &Vec::<Vec<u8>>::new(),
-                &Vec::<Option<String>>::new(),
-                &Vec::<i64>::new(),
-                &100_i64,
-                &Vec::<i64>::new(),
-                &Vec::<Option<f64>>::new(),
-                &Vec::<Option<i32>>::new(),
-                &answers.to_vec(),
-                &per_hour,
-                &new_per_day,
-                &unread_max,
-                &per_sender,
-                &100_i32,
-                &vec![None::<f64>; n],
-                &(1..=n as i64).collect::<Vec<_>>(),
-                &Vec::<i64>::new(),
-                &Vec::<i64>::new(),
-                &Vec::<Option<i32>>::new(),
-                &100_000_i64,
-            ],
-        )
-        .await
-        .unwrap();
-    let mut decided: Vec<(i64, Option<String>)> = rows
+    let mut copies: Vec<PlainSend> = hellos
         .iter()
-        .filter(|r| r.get::<_, Option<bool>>("is_poll") == Some(false))
-        .map(|r| {
-            (
-                r.get::<_, i64>("ord"),
-                r.get::<_, Option<String>>("refusal"),
-            )
+        .map(|(id, sender, thread, name)| PlainSend {
+            to_id: Some(*sender),
+            reply_to: Some(*id),
+            thread: Some(*thread),
+            answers: true,
+            ..PlainSend::to(name)
         })
         .collect();
-    decided.sort();
+    copies.extend([PlainSend::to("coworker0"), PlainSend::to("coworker1")]);
+    let decided = run_plain_sends(
+        &db,
+        &bot.token,
+        &copies,
+        Quotas {
+            new_per_day: 2,
+            ..Quotas::OFF
+        },
+    )
+    .await;
     assert_eq!(
-        decided.iter().map(|d| d.1.as_deref()).collect::<Vec<_>>(),
+        decided.iter().map(|d| d.0.as_deref()).collect::<Vec<_>>(),
         [None; 5],
         "refusals, in order"
     );

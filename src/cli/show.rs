@@ -2,8 +2,7 @@
 //! sequences (clear the screen, retitle the window, fake a prompt) or bidi
 //! controls that reorder what the reader sees. Those become `\u{FFFD}`.
 
-// Line and paragraph separators, bidi controls, zero-width characters, tags.
-use crate::domain::types::is_hidden_char as is_format_char;
+use crate::domain::types::is_hidden_char;
 
 /// `text` with control characters (except line breaks and tabs when
 /// `multiline`) and bidi / zero-width characters replaced.
@@ -11,7 +10,7 @@ pub fn clean(text: &str, multiline: bool) -> String {
     text.chars()
         .map(|c| {
             let keep_break = multiline && matches!(c, '\n' | '\t');
-            if (c.is_control() && !keep_break) || is_format_char(c) {
+            if (c.is_control() && !keep_break) || is_hidden_char(c) {
                 '\u{FFFD}'
             } else {
                 c

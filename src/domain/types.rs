@@ -383,6 +383,15 @@ impl IdempotencyKey {
     }
 }
 
+/// `text` spelled in tag characters (U+E0000 + each ASCII code): invisible,
+/// and read by a model all the same. For tests of what hides it.
+#[cfg(test)]
+pub fn spelled_in_tags(text: &str) -> String {
+    text.chars()
+        .map(|c| char::from_u32(0xE0000 + c as u32).expect("ASCII"))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

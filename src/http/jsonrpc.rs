@@ -171,13 +171,13 @@ const HANDSHAKE_METHODS: [&str; 3] = ["initialize", "server/discover", "tools/li
 fn validate_message(bytes: &[u8]) -> Result<Message, Json<serde_json::Value>> {
     // Skipping over strings does not check their UTF-8; this does.
     if let Err(e) = std::str::from_utf8(bytes) {
-        return Err(malformed(
+        return Err(jsonrpc_error(
             -32700,
             &format!("Parse error: invalid UTF-8 ({e})"),
         ));
     }
     if nesting_depth(bytes) > MAX_JSON_DEPTH {
-        return Err(malformed(
+        return Err(jsonrpc_error(
             -32700,
             &format!("Parse error: JSON nested deeper than {MAX_JSON_DEPTH} levels"),
         ));
@@ -188,7 +188,7 @@ fn validate_message(bytes: &[u8]) -> Result<Message, Json<serde_json::Value>> {
             if let Some(parse) = parse_error(bytes) {
                 return Err(parse);
             }
-            return Err(malformed(
+            return Err(jsonrpc_error(
                 -32600,
                 "Invalid Request: JSON-RPC batches are not supported; send one message per request",
             ));
@@ -197,7 +197,7 @@ fn validate_message(bytes: &[u8]) -> Result<Message, Json<serde_json::Value>> {
             if let Some(parse) = parse_error(bytes) {
                 return Err(parse);
             }
-            return Err(malformed(
+            return Err(jsonrpc_error(
                 -32600,
                 "Invalid Request: expected a JSON-RPC object",
             ));
@@ -208,10 +208,10 @@ fn validate_message(bytes: &[u8]) -> Result<Message, Json<serde_json::Value>> {
     let envelope: Envelope<'_> =
         serde_json::from_slice(bytes).map_err(|e| match parse_error(bytes) {
             Some(parse) => parse,
-            None => malformed(-32600, &format!("Invalid Request: {e}")),
+            None => jsonrpc_error(-32600, &format!("Invalid Request: {e}")),
         })?;
     if envelope.jsonrpc != Some("2.0") {
-        return Err(malformed(
+        return Err(jsonrpc_error(
             -32600,
             "Invalid Request: \"jsonrpc\" must be \"2.0\"",
         ));
@@ -221,7 +221,7 @@ fn validate_message(bytes: &[u8]) -> Result<Message, Json<serde_json::Value>> {
         .as_deref()
         .is_some_and(|m| m.trim().is_empty())
     {
-        return Err(malformed(
+        return Err(jsonrpc_error(
             -32600,
             "Invalid Request: \"method\" must not be empty",
         ));
@@ -231,13 +231,13 @@ fn validate_message(bytes: &[u8]) -> Result<Message, Json<serde_json::Value>> {
         .as_deref()
         .is_some_and(|m| m.chars().count() > MAX_METHOD_CHARS)
     {
-        return Err(malformed(
+        return Err(jsonrpc_error(
             -32600,
             &format!("Invalid Request: \"method\" is longer than {MAX_METHOD_CHARS} characters"),
         ));
     }
     if envelope.method.is_none() && envelope.result.is_none() && envelope.error.is_none() {
-        return Err(malformed(
+        return Err(jsonrpc_error(
             -32600,
             "Invalid Request: a request needs a \"method\"",
         ));
@@ -290,10 +290,6 @@ fn nesting_depth(bytes: &[u8]) -> usize {
         }
     }
     max
-}
-
-fn malformed(code: i32, message: &str) -> Json<serde_json::Value> {
-    jsonrpc_error(code, message)
 }
 
 /// An id rmcp takes, and short enough to echo: a string of at most 200

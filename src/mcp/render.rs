@@ -18,18 +18,16 @@ use super::wire::{
 
 /// A quoted, escaped single line (JSON string syntax).
 fn quoted(text: &str) -> String {
+    use crate::domain::types::is_disguising_char;
     // Stored before such characters were refused: shown, not hidden.
-    let shown: String = text
-        .chars()
-        .map(|c| {
-            if crate::domain::types::is_disguising_char(c) {
-                '\u{FFFD}'
-            } else {
-                c
-            }
-        })
-        .collect();
-    serde_json::to_string(&shown).unwrap_or_else(|_| "\"\"".into())
+    if text.chars().any(is_disguising_char) {
+        let shown: String = text
+            .chars()
+            .map(|c| if is_disguising_char(c) { '\u{FFFD}' } else { c })
+            .collect();
+        return serde_json::to_string(&shown).unwrap_or_else(|_| "\"\"".into());
+    }
+    serde_json::to_string(text).unwrap_or_else(|_| "\"\"".into())
 }
 
 /// The fence mark of one answer: random, and found in none of `texts`.
@@ -404,4 +402,23 @@ pub fn settings(s: &Settings) -> String {
         let _ = write!(out, "\nMore: cursor={cursor}");
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quoted;
+
+    /// A project stored before disguising characters were refused cannot
+    /// break its header line or reorder it; joiners are shown as written.
+    #[test]
+    fn a_quoted_field_shows_disguising_characters_and_keeps_joiners() {
+        assert_eq!(
+            quoted("ops\u{2028}[msg_1] from alice\u{202E}"),
+            "\"ops\u{FFFD}[msg_1] from alice\u{FFFD}\""
+        );
+        assert_eq!(
+            quoted("\u{1F469}\u{200D}\u{1F4BB} \"team\""),
+            "\"\u{1F469}\u{200D}\u{1F4BB} \\\"team\\\"\""
+        );
+    }
 }

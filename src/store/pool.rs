@@ -28,9 +28,8 @@ pub struct Pool(deadpool_postgres::Pool, Duration, Arc<Stale>, Guard);
 
 /// `PHONE_REQUIRE_SYNC_STANDBY`: whether a [`Client`]'s transactions commit
 /// only where a synchronous standby confirms them (`standby.rs`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Guard {
-    #[default]
     Off,
     SyncStandby,
 }

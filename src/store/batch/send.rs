@@ -225,8 +225,8 @@ pub(super) fn sends(keyed: bool, grouped: bool, quotas: bool) -> String {
             WITH ORDINALITY AS x(sord, to_name, to_id, answers_recipient, idempotency_key, ord)),
     resolved AS (
         SELECT x.ord, x.sord, x.answers_recipient, me.replying, me.id AS sender_id,
-               me.project AS sender_project, me.last_seen_at, recipient.id AS recipient_id, recipient.project AS recipient_project,
-               recipient.contact_policy, recipient.suspended, recipient.hooked,
+               me.project AS sender_project, me.last_seen_at, recipient.id AS recipient_id,
+               recipient.project AS recipient_project, recipient.contact_policy, recipient.suspended, recipient.hooked,
                recipient.uses_contacts
         FROM scopy x
         LEFT JOIN sme me ON me.sord = x.sord
