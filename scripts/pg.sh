@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A private PostgreSQL cluster in a folder of this checkout, from the machine's
-# PostgreSQL binaries (installed from Debian's packages when absent).
+# PostgreSQL binaries: Debian's (installed when absent), else those of
+# PG_BINDIR, `pg_config --bindir` or the PATH.
 #
 #   scripts/pg.sh start DIR PORT [fast]   init if needed, start, print nothing
 #                                         (PG_TLS_DIR=DIR: TLS on, with DIR/server.pem
@@ -14,14 +15,19 @@ set -euo pipefail
 
 find_bindir() {
     local d
-    for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r); do
-        [ -x "$d/initdb" ] && { echo "$d"; return 0; }
+    for d in ${PG_BINDIR:-} $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r) \
+        $(pg_config --bindir 2>/dev/null) $(command -v initdb >/dev/null && dirname "$(command -v initdb)"); do
+        [ -x "$d/initdb" ] && [ -x "$d/pg_ctl" ] && { echo "$d"; return 0; }
     done
     return 1
 }
 
 ensure_postgres() {
     if ! find_bindir >/dev/null; then
+        if ! command -v apt-get >/dev/null; then
+            echo "pg.sh: PostgreSQL not found (no initdb under /usr/lib/postgresql/*/bin, PG_BINDIR, pg_config --bindir or the PATH); install it, or set DATABASE_URL" >&2
+            exit 1
+        fi
         echo "pg.sh: PostgreSQL not found; installing the Debian package 'postgresql'" >&2
         local sudo=""
         [ "$(id -u)" -ne 0 ] && sudo="sudo"

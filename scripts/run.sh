@@ -12,7 +12,10 @@ if [ -z "${DATABASE_URL:-}" ]; then
     echo "run: PostgreSQL in ./data/pg on port $port (stop it with: make db-stop)"
 fi
 export PORT=${PORT:-3000}
+# This machine only, unless asked: the server's own default (0.0.0.0) is for
+# containers and hosts behind a proxy. PHONE_BIND=0.0.0.0 make run opens it.
+export PHONE_BIND=${PHONE_BIND:-127.0.0.1}
 echo "run: building the release binary (cargo build --release; a few minutes the first time)"
 cargo build --release
-echo "run: serving on http://127.0.0.1:$PORT (MCP at /mcp, console at /console, Ctrl-C stops)"
+echo "run: serving on http://$PHONE_BIND:$PORT (MCP at /mcp, console at /console, Ctrl-C stops)"
 exec ./target/release/phone
