@@ -498,3 +498,81 @@ async fn answering_strangers_does_not_use_up_the_new_recipient_quota() {
     );
     app.stop().await;
 }
+
+/// 110 agents that mention a word, each unlisted at once, hid every agent
+/// that mentions it: a search ranks at most 100 matches per level, taken in
+/// no order, and dropped the unlisted ones only after taking them (found
+/// by an outsider's attack). The victim is found again, by its word and by
+/// its words, and none of the hidden ones is shown.
+#[tokio::test]
+async fn unlisted_agents_cannot_crowd_an_agent_out_of_search() {
+    let app = spawn_app_with(&[("PHONE_REGISTER_LIMIT", "0")]).await;
+    let c = app.client().await;
+    register(
+        &c,
+        "zorbex-translator",
+        "Translates zorbex documents into English",
+        "lang",
+    )
+    .await;
+    for chunk in (0..110).collect::<Vec<_>>().chunks(16) {
+        join_all(chunk.iter().map(|i| {
+            let c = &c;
+            async move {
+                let filler = register(
+                    c,
+                    &format!("zbx-{i:03}"),
+                    "zorbex zorbex translator",
+                    "zorbex",
+                )
+                .await;
+                ok(c, "phone_settings", filler.with(json!({"listed": false}))).await;
+            }
+        }))
+        .await;
+    }
+    for query in ["zorbex", "zorbex translator", "translator"] {
+        let found = ok(&c, "phone_search", json!({"query": query, "limit": 50})).await;
+        let names: Vec<&str> = found["agents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["zorbex-translator"], "{query}: {found}");
+    }
+    app.stop().await;
+}
+
+/// A stranger registered `phone`, `system` and `operator`, and wrote as
+/// `phone-notices` asking for tokens: names a model would read as the
+/// service speaking. New agents cannot take them; names that only contain
+/// the word can.
+#[tokio::test]
+async fn no_new_agent_takes_the_services_names() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    for name in ["phone", "Phone-Notices", "phone.support", "system", "operator", "ADMIN"] {
+        let refused = call(
+            &c,
+            "phone_register",
+            json!({"name": name, "description": "d", "project": "p"}),
+        )
+        .await;
+        assert_eq!(refused.is_error, Some(true), "{name}");
+        assert!(
+            text(&refused).contains("kept for the service"),
+            "{name}: {}",
+            text(&refused)
+        );
+    }
+    for name in ["phonebook", "my-phone", "systems-team"] {
+        register(&c, name, "d", "p").await;
+    }
+    assert_eq!(
+        app.count("SELECT count(*) FROM agents").await,
+        3,
+        "only the ordinary names were registered"
+    );
+    app.stop().await;
+}

@@ -12,6 +12,36 @@ use crate::store;
 /// nobody can step into a departed agent's conversations straight away.
 pub const NAME_RESERVATION_DAYS: i32 = 30;
 
+/// Names a new agent may not take: the service's own and its operator's,
+/// which a model reading `from phone-notices` or `from system` would trust
+/// as the service speaking (an outsider registered them all). Agents that
+/// hold one already keep it.
+const SERVICE_NAMES: [&str; 13] = [
+    "phone",
+    "system",
+    "admin",
+    "administrator",
+    "operator",
+    "root",
+    "support",
+    "security",
+    "postmaster",
+    "noreply",
+    "no-reply",
+    "mcp",
+    "server",
+];
+
+/// Whether `name` (parsed: lower case) is the service's to use: one of
+/// [`SERVICE_NAMES`], or `phone` followed by a separator.
+pub fn is_service_name(name: &AgentName) -> bool {
+    let name = name.as_str();
+    SERVICE_NAMES.contains(&name)
+        || name
+            .strip_prefix("phone")
+            .is_some_and(|rest| rest.starts_with(['-', '_', '.']))
+}
+
 #[derive(Debug, Clone)]
 pub struct RegisterRequest {
     pub name: AgentName,
@@ -80,6 +110,16 @@ impl Phone {
         req: RegisterRequest,
         client_address: &str,
     ) -> Result<Registration, PhoneError> {
+        if is_service_name(&req.name) {
+            return Err(InvalidInput::new(
+                "name",
+                format!(
+                    "'{}' is kept for the service and its operator, so that no agent can speak as them; choose another name",
+                    req.name
+                ),
+            )
+            .into());
+        }
         let bucket = limits::register_bucket(client_address);
         self.check_block(&bucket, REGISTRATIONS)?;
         self.count(

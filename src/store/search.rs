@@ -30,6 +30,18 @@ const SEARCH_PROJECT_SCAN: u32 = 1000;
 /// for it to count as common (about 2,000 in the directory).
 const SEARCH_PREFIX_COMMON: u32 = 8;
 
+/// The agents a search may show (of `agents`, unqualified), tested in each
+/// level before its `LIMIT`: the levels take a bounded number of matches in
+/// no order, so matches that are then not shown (unlisted, suspended or
+/// stale agents) would take the places of those that would be. 110
+/// unlisted agents mentioning a word hid every other agent that mentions
+/// it (an outsider's attack). `$9` as in the statement: seconds unseen
+/// after which an agent is stale (0: never), `$6` the exact name, found
+/// however stale.
+const SHOWN: &str = "unregistered_at IS NULL AND listed AND suspended_at IS NULL
+        AND ($9::float8 = 0 OR name = $6
+             OR coalesce(last_seen_at, registered_at) > now() - make_interval(secs => $9::float8))";
+
 /// tsquery texts for the ranking tiers.
 struct TsQueries {
     /// Every word, the last one as a prefix ("invoice & mail:*").
@@ -341,7 +353,7 @@ fn build_search_sql(project: bool, several_words: bool) -> String {
         let mut level = |name: String, matches: &str, in_sample: &str, gates: &str| {
             ctes.push(format!(
                 "{name} AS (SELECT id FROM agents
-        WHERE {matches}{in_sample} AND unregistered_at IS NULL{in_project}{has_project_words}{gates}
+        WHERE {matches}{in_sample} AND {SHOWN}{in_project}{has_project_words}{gates}
         LIMIT {})",
                 t.candidates
             ));
@@ -385,7 +397,7 @@ fn build_search_sql(project: bool, several_words: bool) -> String {
         ctes.push(format!(
             "in_project AS (SELECT id FROM (
         SELECT id, search FROM agents
-        WHERE lower(project) = (SELECT project FROM q) AND unregistered_at IS NULL
+        WHERE lower(project) = (SELECT project FROM q) AND {SHOWN}
         ORDER BY lower(project), name LIMIT {SEARCH_PROJECT_SCAN}) head
         WHERE search @@ (SELECT any_word FROM q){every_word_short}
         LIMIT {SEARCH_CANDIDATES})"
