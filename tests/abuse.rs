@@ -552,7 +552,14 @@ async fn unlisted_agents_cannot_crowd_an_agent_out_of_search() {
 async fn no_new_agent_takes_the_services_names() {
     let app = spawn_app().await;
     let c = app.client().await;
-    for name in ["phone", "Phone-Notices", "phone.support", "system", "operator", "ADMIN"] {
+    for name in [
+        "phone",
+        "Phone-Notices",
+        "phone.support",
+        "system",
+        "operator",
+        "ADMIN",
+    ] {
         let refused = call(
             &c,
             "phone_register",
@@ -574,5 +581,76 @@ async fn no_new_agent_takes_the_services_names() {
         3,
         "only the ordinary names were registered"
     );
+    app.stop().await;
+}
+
+/// A stranger pipelines peeks of answers of hundreds of kB on a connection
+/// whose receive buffer is tiny, and reads nothing: the server waited on
+/// the full send buffer past every timeout (over five minutes seen; 200
+/// such connections held 750 MB of the kernel's TCP memory, and enough of
+/// them would hold every connection slot: an outsider's attack). An answer
+/// that makes no progress for the idle timeout now ends the connection.
+#[tokio::test]
+async fn a_client_that_reads_nothing_is_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let app = spawn_app_with(&[("PHONE_IDLE_TIMEOUT_SECS", "2")]).await;
+    let c = app.client().await;
+    let me = register(&c, "hoarder", "H", "x").await;
+    // Control characters: six bytes each once escaped in JSON, twice (the
+    // text and structuredContent).
+    let body = "\u{1}".repeat(10_000);
+    for _ in 0..3 {
+        try_send(&c, &me, "hoarder", &body).await.unwrap();
+    }
+    let address: std::net::SocketAddr = app
+        .mcp_url()
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .parse()
+        .unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = socket.connect(address).await.unwrap();
+    let peek = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "phone_inbox", "arguments": me.with(json!({"peek": true, "limit": 3}))}})
+    .to_string();
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2025-06-18\r\n\
+         Content-Length: {}\r\n\r\n{peek}",
+        peek.len()
+    );
+    stream
+        .write_all(request.repeat(12).as_bytes())
+        .await
+        .unwrap();
+    // Reads nothing for three times the limit, then all it can.
+    tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+    let mut got = Vec::new();
+    let mut chunk = vec![0u8; 1 << 16];
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        loop {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await;
+    let answers = String::from_utf8_lossy(&got)
+        .matches("HTTP/1.1 200")
+        .count();
+    assert!(
+        answers < 12,
+        "the connection was kept open for a reader that read nothing: {answers} answers, {} bytes",
+        got.len()
+    );
+    // The server still answers everyone else.
+    ok(
+        &c,
+        "phone_inbox",
+        me.with(json!({"peek": true, "limit": 1})),
+    )
+    .await;
     app.stop().await;
 }

@@ -9,6 +9,7 @@ mod handover;
 mod health;
 mod jsonrpc;
 pub mod serve;
+mod stall;
 
 use std::time::Duration;
 

@@ -20,8 +20,9 @@ use tower::ServiceExt as _;
 pub struct ConnectionLimits {
     /// Open connections at most; further clients wait in the listen backlog.
     pub max_connections: usize,
-    /// How long a connection may take to send a request's headers, and how
-    /// long an idle keep-alive connection stays open.
+    /// How long a connection may take to send a request's headers, how
+    /// long an idle keep-alive connection stays open, and how long an answer
+    /// may wait for a client that reads none of it (`stall`).
     pub idle_timeout: Duration,
 }
 
@@ -67,6 +68,7 @@ pub async fn serve(
                 .insert(ConnectInfo::<SocketAddr>(remote));
             router.clone().oneshot(request)
         });
+        let stream = super::stall::StallGuard::new(stream, limits.idle_timeout);
         let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
             if let Err(e) = connection.await {
