@@ -34,7 +34,7 @@ const SERVICE_NAMES: [&str; 13] = [
 
 /// Whether `name` (parsed: lower case) is the service's to use: one of
 /// [`SERVICE_NAMES`], or `phone` followed by a separator.
-pub fn is_service_name(name: &AgentName) -> bool {
+fn is_service_name(name: &AgentName) -> bool {
     let name = name.as_str();
     SERVICE_NAMES.contains(&name)
         || name
