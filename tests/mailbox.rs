@@ -1769,6 +1769,12 @@ async fn every_shape_of_the_mail_statement_runs() {
                 keyed.then(|| phone::store::copy_key(&format!("shape-{n}"), name, to.len()))
             })
             .collect();
+        let other_keys: Vec<Option<String>> = to
+            .iter()
+            .map(|name| {
+                keyed.then(|| phone::store::other_copy_key(&format!("shape-{n}"), name, to.len()))
+            })
+            .collect();
         let stmt = db.prepare_typed(sql, types).await.unwrap_or_else(|e| {
             panic!("shape {n} (sends {sends}, polls {polls}, leases {leases}, acks {acks}, keyed {keyed}, quotas {quotas}): {e}")
         });
@@ -1804,6 +1810,7 @@ async fn every_shape_of_the_mail_statement_runs() {
                     &vec![0_i64; one(acks)],
                     &vec![None::<i32>; one(acks)],
                     &100_000_i64,
+                    &other_keys,
                 ],
             )
             .await
@@ -1950,6 +1957,7 @@ async fn run_plain_sends(
                 &Vec::<i64>::new(),
                 &Vec::<Option<i32>>::new(),
                 &100_000_i64,
+                &vec![None::<String>; n],
             ],
         )
         .await

@@ -752,6 +752,94 @@ async fn a_replay_mends_a_group_its_repair_left_unsearchable() {
     app.stop().await;
 }
 
+/// An idempotency key names one message to each recipient, whether the
+/// send went to one or to several: a retry whose `to` changed between one
+/// name and a list stores nothing twice (the second try replays the copy
+/// the first stored), and the key with another text is still a conflict.
+#[tokio::test]
+async fn a_key_names_one_message_whether_sent_to_one_or_to_several() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let boss = register(&c, "boss", "B", "team").await;
+    let a = register(&c, "a", "A", "team").await;
+    let b = register(&c, "b", "B", "team").await;
+    let single = boss.with(json!({"to": "a", "body": "plan", "idempotency_key": "k7"}));
+    let first = ok(&c, "phone_send", single.clone()).await;
+    let group = boss.with(json!({"to": ["a", "b"], "body": "plan", "idempotency_key": "k7"}));
+    let retry = ok(&c, "phone_send", group.clone()).await;
+    assert_eq!(retry["recipients"][0]["id"], first["id"], "{retry}");
+    assert!(retry["recipients"][1]["id"].is_string(), "{retry}");
+    assert_eq!(retry["thread_id"], first["thread_id"], "{retry}");
+    // And back: a send to one of the group's recipients with its key.
+    let back = ok(&c, "phone_send", boss.with(json!({"to": "b", "body": "plan", "idempotency_key": "k7"})))
+        .await;
+    assert_eq!(back["id"], retry["recipients"][1]["id"], "{back}");
+    assert_eq!(back["replayed"], true, "{back}");
+    let again = ok(&c, "phone_send", group).await;
+    assert_eq!(again["replayed"], true, "{again}");
+    for (agent, n) in [(&a, 1), (&b, 1)] {
+        let got = ok(&c, "phone_inbox", agent.with(json!({}))).await;
+        assert_eq!(got["messages"].as_array().unwrap().len(), n, "{got}");
+    }
+    assert_eq!(app.count("SELECT count(*) FROM messages").await, 2);
+    // The key with another text, to one or to several, is refused for the
+    // recipient that has its message.
+    let err = tool_err(
+        &c,
+        "phone_send",
+        boss.with(json!({"to": "b", "body": "other", "idempotency_key": "k7"})),
+    )
+    .await;
+    assert!(err.contains("already used for a different message"), "{err}");
+    let err = tool_err(
+        &c,
+        "phone_send",
+        boss.with(json!({"to": ["a", "c-none"], "body": "other", "idempotency_key": "k7"})),
+    )
+    .await;
+    assert!(
+        err.contains("already used for a different message; use a new key for a new message (for 'a')"),
+        "{err}"
+    );
+    assert_eq!(app.count("SELECT count(*) FROM messages").await, 2);
+    app.stop().await;
+}
+
+/// A reply to everyone, retried with its key after the conversation grew
+/// (a refused copy of the message it answers was stored by that send's
+/// retry): the party it reached the first time gets it once.
+#[tokio::test]
+async fn a_reply_to_everyone_retried_after_the_conversation_grew_arrives_once() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let (boss, a, late) = boss_and_a_closed_recipient(&c).await;
+    let kickoff = boss.with(json!({"to": ["a", "late"], "body": "plan", "idempotency_key": "g9"}));
+    let first = ok(&c, "phone_send", kickoff.clone()).await;
+    assert!(first["recipients"][1]["error"].is_string(), "{first}");
+    let reply = a.with(json!({
+        "reply_to": first["recipients"][0]["id"], "to": "*", "body": "on it",
+        "idempotency_key": "r1"
+    }));
+    let answered = ok(&c, "phone_send", reply.clone()).await;
+    assert_eq!(answered["to"], "boss", "{answered}");
+    set_policy(&c, &late, "open").await;
+    ok(&c, "phone_send", kickoff).await;
+    let again = ok(&c, "phone_send", reply).await;
+    assert_eq!(again["recipients"][0]["to"], "boss", "{again}");
+    assert_eq!(again["recipients"][0]["id"], answered["id"], "{again}");
+    let got = ok(&c, "phone_inbox", boss.with(json!({}))).await;
+    assert_eq!(got["messages"].as_array().unwrap().len(), 1, "{got}");
+    let got = ok(&c, "phone_inbox", late.with(json!({}))).await;
+    let bodies: Vec<&str> = got["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["body"].as_str().unwrap())
+        .collect();
+    assert_eq!(bodies, ["plan", "on it"], "{got}");
+    app.stop().await;
+}
+
 /// A send through `other` racing `first`, a send held by `lock`
 /// (`send_held_by_a_row_lock`): once both wait, the lock goes. Both
 /// answers, the held send's first.

@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 
 use super::types::{self, AgentName, IdempotencyKey, InvalidInput, MessageId};
 use super::{Call, Credentials, Phone, PhoneError};
-use crate::store::{self, Addressee, QueuedSend, copy_key};
+use crate::store::{self, Addressee, QueuedSend, copy_key, other_copy_key};
 
 /// Recipients of one send, at most this many.
 pub const RECIPIENTS_MAX: usize = 20;
@@ -283,9 +283,16 @@ impl Phone {
                 })
                 .collect();
             if !unstored.is_empty() {
-                let keys: Vec<String> = unstored
+                let keys: Vec<store::messages::CopyKey> = unstored
                     .iter()
-                    .map(|&i| copy_key(key, targets[i].name.as_str(), targets.len()))
+                    .map(|&i| {
+                        let to = targets[i].name.as_str();
+                        store::messages::CopyKey {
+                            key: copy_key(key, to, targets.len()),
+                            other: other_copy_key(key, to, targets.len()),
+                            recipient: to,
+                        }
+                    })
                     .collect();
                 let db = self.store.db().await?;
                 let found = store::messages::by_idempotency_keys(&db, me_id, &keys).await?;
@@ -405,7 +412,10 @@ impl Phone {
             .filter_map(|c| c.stored.as_ref().map(|s| s.id))
             .collect();
         let Some(group_id) = earlier.group_id else {
-            return Ok(None);
+            // A try that went to this copy's recipient alone: the copies
+            // stored now are in its thread (the statement put them there),
+            // a group of their own.
+            return Ok((!fresh.is_empty()).then_some(earlier.thread_id));
         };
         if fresh.is_empty() {
             self.repair_group(me_id, Vec::new(), earlier.thread_id, group_id)

@@ -146,7 +146,8 @@ pub async fn reply_target(
 }
 
 /// The messages sender `$1` sent with the idempotency keys `$2`, one row
-/// per key found. Index: `messages_idempotency_idx`.
+/// per key found (a key in either of its forms). Index:
+/// `messages_idempotency_idx`.
 const BY_IDEMPOTENCY_KEYS: &str =
     "SELECT m.id, m.idempotency_key, r.name AS recipient, m.subject, m.body,
             m.reply_to, m.thread_id, m.group_id, m.sent_at
@@ -166,19 +167,41 @@ pub struct Earlier {
     pub sent_at: DateTime<Utc>,
 }
 
+/// One copy's key as a retry looks it up: its own form, the form a try to
+/// one recipient (or to several) would have stored (`other_copy_key`), and
+/// its recipient, which a copy found by the other form must have.
+pub struct CopyKey<'a> {
+    pub key: String,
+    pub other: String,
+    pub recipient: &'a str,
+}
+
 /// For each of `keys`, what `sender_id` stored with it, if anything.
 pub async fn by_idempotency_keys(
     db: &Client,
     sender_id: i64,
-    keys: &[String],
+    keys: &[CopyKey<'_>],
 ) -> Result<Vec<Option<Earlier>>, StoreError> {
     let stmt = db.prepare_cached(BY_IDEMPOTENCY_KEYS).await?;
-    let rows = db.query(&stmt, &[&sender_id, &keys]).await?;
+    let wanted: Vec<&str> = keys
+        .iter()
+        .flat_map(|k| [k.key.as_str(), k.other.as_str()])
+        .collect();
+    let rows = db.query(&stmt, &[&sender_id, &wanted]).await?;
+    fn key_of(row: &tokio_postgres::Row) -> &str {
+        row.get("idempotency_key")
+    }
     Ok(keys
         .iter()
-        .map(|key| {
+        .map(|k| {
+            // This recipient's copy under either form, else whatever holds
+            // the key (another recipient's: a conflict).
+            let to_recipient = |r: &&tokio_postgres::Row| r.get::<_, &str>("recipient") == k.recipient;
             rows.iter()
-                .find(|r| r.get::<_, &str>("idempotency_key") == key)
+                .filter(to_recipient)
+                .find(|r| key_of(r) == k.key)
+                .or_else(|| rows.iter().filter(to_recipient).find(|r| key_of(r) == k.other))
+                .or_else(|| rows.iter().find(|r| key_of(r) == k.key))
                 .map(|r| Earlier {
                     id: r.get("id"),
                     recipient: r.get("recipient"),

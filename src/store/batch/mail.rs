@@ -9,7 +9,8 @@ use super::{
     PendingWakes, Write,
     poll::{POLLERS, QueuedPoll, polls},
     send::{
-        NOTIFY_SQL, QueuedSend, SENDERS, SendOutcome, WAKE_SQL, copy_key, sends, waiting_among,
+        NOTIFY_SQL, QueuedSend, SENDERS, SendOutcome, WAKE_SQL, copy_key, other_copy_key, sends,
+        waiting_among,
     },
 };
 use crate::store::fragments::{SENDER_LOOKUP, polled_message_columns, presence_write};
@@ -174,6 +175,7 @@ impl Write for MailWrite {
             &ack_ids,
             &ack_deliveries,
             &self.answer_bytes,
+            &copies.other_keys,
         ];
         let written = if self.require_sync_standby {
             client.query_generic_on_standby(&stmt, params).await
@@ -318,6 +320,9 @@ struct Copies<'a> {
     ids: Vec<Option<i64>>,
     answers: Vec<bool>,
     keys: Vec<Option<String>>,
+    /// Each key in the form a send to one (or to several) would have given
+    /// it: `other_copy_key`.
+    other_keys: Vec<Option<String>>,
     /// For each copy (0-based, in order): its send's place among the sends
     /// and its place among that send's recipients.
     copy_of: Vec<(usize, usize)>,
@@ -331,6 +336,7 @@ impl<'a> Copies<'a> {
             ids: Vec::new(),
             answers: Vec::new(),
             keys: Vec::new(),
+            other_keys: Vec::new(),
             copy_of: Vec::new(),
         };
         for (n, send) in sends.iter().enumerate() {
@@ -339,11 +345,13 @@ impl<'a> Copies<'a> {
                 copies.names.push(&to.name);
                 copies.ids.push(to.id);
                 copies.answers.push(to.answers_recipient);
-                copies.keys.push(
-                    send.idempotency_key
-                        .as_deref()
-                        .map(|k| copy_key(k, &to.name, send.to.len())),
-                );
+                let key = send.idempotency_key.as_deref();
+                copies
+                    .keys
+                    .push(key.map(|k| copy_key(k, &to.name, send.to.len())));
+                copies
+                    .other_keys
+                    .push(key.map(|k| other_copy_key(k, &to.name, send.to.len())));
                 copies.copy_of.push((n, c));
             }
         }
@@ -500,7 +508,7 @@ pub fn every_mail_statement() -> Vec<(&'static str, &'static [Type])> {
 /// The mail statement's parameters, declared: a shape without sends or
 /// without polls does not mention theirs, and PostgreSQL could not infer
 /// their types.
-const PARAM_TYPES: [Type; 28] = [
+const PARAM_TYPES: [Type; 29] = [
     Type::BYTEA_ARRAY,  // $1 tokens of the senders
     Type::TEXT_ARRAY,   // $2 claimed names
     Type::TEXT_ARRAY,   // $3 recipient names, per copy
@@ -529,10 +537,11 @@ const PARAM_TYPES: [Type; 28] = [
     Type::INT8_ARRAY,   // $26 the message each acknowledges
     Type::INT4_ARRAY,   // $27 the delivery its receipt names
     Type::INT8,         // $28 the text a poll takes, in bytes
+    Type::TEXT_ARRAY,   // $29 idempotency keys in their other form, per copy
 ];
 
 /// The mail statement for the parts `parts` names. `$1`-`$9`, `$17`-`$24`
-/// the sends (see `sends`), `$10` token digests, `$11` claimed names, `$12`
+/// and `$29` the sends (see `sends`), `$10` token digests, `$11` claimed names, `$12`
 /// limits, `$15` lease seconds and `$16` max deliveries (NULL for read
 /// polls) of the polls (arrays, one element per call), `$13` the unread
 /// count's cap, `$14` recipients of committed sends to wake: which of them

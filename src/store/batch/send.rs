@@ -49,6 +49,15 @@ pub fn copy_key(key: &str, recipient: &str, copies: usize) -> String {
     }
 }
 
+/// The key the same copy would have been stored with had the send gone to
+/// one recipient instead of several, or to several instead of one: a
+/// retry whose `to` changed between the two (a reply to everyone whose
+/// conversation grew between the tries) finds its first try's copy by it,
+/// stored to the same recipient. See [`copy_key`].
+pub fn other_copy_key(key: &str, recipient: &str, copies: usize) -> String {
+    copy_key(key, recipient, if copies > 1 { 1 } else { 2 })
+}
+
 /// What the statement did with one send: per addressee, in order.
 #[derive(Debug, Clone)]
 pub struct SendOutcome {
@@ -151,7 +160,8 @@ pub(super) static NOTIFY_SQL: std::sync::LazyLock<String> = std::sync::LazyLock:
 /// element per copy (a send to several recipients has one per recipient):
 /// `$24` the send it belongs to (1-based), `$3` recipient names, `$9`
 /// recipient ids (replies), `$17` whether the copy answers a message its
-/// recipient sent the caller, `$8` idempotency keys (see [`copy_key`]); and
+/// recipient sent the caller, `$8` idempotency keys (see [`copy_key`]) and
+/// `$29` the same in their other form (see [`other_copy_key`]); and
 /// the quotas (0: off): `$18`
 /// sends per sender per hour (refused sends count too), `$19` first
 /// messages to new recipients per sender per day, `$20` unread messages a
@@ -206,6 +216,12 @@ pub(super) fn sends(keyed: bool, grouped: bool, quotas: bool) -> String {
     let per_sender = "$21::int";
     let backlog_max = "$22::int";
     let words = stored_words("r.subject", "r.body");
+    // With keys, each copy's key in the other form too (`other_copy_key`).
+    let (other_keys, other_key) = if keyed {
+        (", $29::text[]", ", other_key")
+    } else {
+        ("", "")
+    };
     let mut ctes = vec![format!(
         "
     sreq AS (
@@ -221,8 +237,8 @@ pub(super) fn sends(keyed: bool, grouped: bool, quotas: bool) -> String {
             OFFSET 0) me),
     scopy AS (
         SELECT x.*, count(*) OVER (PARTITION BY x.sord) AS copies
-        FROM unnest($24::bigint[], $3::text[], $9::bigint[], $17::bool[], $8::text[])
-            WITH ORDINALITY AS x(sord, to_name, to_id, answers_recipient, idempotency_key, ord)),
+        FROM unnest($24::bigint[], $3::text[], $9::bigint[], $17::bool[], $8::text[]{other_keys})
+            WITH ORDINALITY AS x(sord, to_name, to_id, answers_recipient, idempotency_key{other_key}, ord)),
     resolved AS (
         SELECT x.ord, x.sord, x.answers_recipient, me.replying, me.id AS sender_id,
                me.project AS sender_project, me.last_seen_at, recipient.id AS recipient_id,
@@ -352,7 +368,24 @@ pub(super) fn sends(keyed: bool, grouped: bool, quotas: bool) -> String {
         .to_owned(),
     );
     if grouped {
-        ctes.push(
+        // Each copy's earlier one, stored by an earlier try with its key;
+        // without keys, no copy has one.
+        let earlier = if keyed {
+            "(
+                SELECT m.thread_id, m.group_id,
+                       m.body = r.body AND m.subject IS NOT DISTINCT FROM r.subject
+                           AND m.reply_to IS NOT DISTINCT FROM r.reply_to AS same
+                FROM messages m
+                WHERE x.idempotency_key IS NOT NULL AND m.sender_id = n.sender_id
+                  AND m.idempotency_key IN (x.idempotency_key, x.other_key)
+                  AND (m.idempotency_key = x.idempotency_key OR m.recipient_id = n.recipient_id)
+                ORDER BY m.idempotency_key = x.idempotency_key DESC
+                LIMIT 1)"
+        } else {
+            "(SELECT NULL::bigint AS thread_id, NULL::bigint AS group_id, NULL::bool AS same
+              WHERE false)"
+        };
+        ctes.push(format!(
             "
     -- Each copy as it is to be stored, by `ord`: the result reads it
     -- from here, and asks `inserted` only which ids went in (a hashed
@@ -365,7 +398,10 @@ pub(super) fn sends(keyed: bool, grouped: bool, quotas: bool) -> String {
     -- each copy with a key probes for its own earlier copy (the
     -- idempotency index; group sends only), and the earlier copies' values
     -- win over the ids of copies that now conflict and are never stored.
-    -- Only the same message's (subject, body and reply_to alike): a key
+    -- The earlier copy may have been stored under the key's other form, by
+    -- a try that went to one recipient where this one goes to several, or
+    -- the other way round (`other_copy_key`): then only to the same
+    -- recipient. Only the same message's (subject, body and reply_to alike): a key
     -- used again for another text is another message, whose copies form
     -- a group and thread of their own, named by a copy with no earlier
     -- copy (stored unless a concurrent send took its key first, which
@@ -373,7 +409,7 @@ pub(super) fn sends(keyed: bool, grouped: bool, quotas: bool) -> String {
     -- shows it once by its group) and `also_to` names its recipients only.
     stored AS MATERIALIZED (
         SELECT g.ord, g.id, g.sender_id, g.recipient_id, g.sord, g.idempotency_key, g.thread_id,
-               g.group_id,
+               g.group_id, g.fresh,
                -- A group's first copy lists every recipient of the copies
                -- stored with it, in order (as `heal_groups` writes it): the
                -- search index holds its text once, with each recipient's
@@ -397,40 +433,47 @@ pub(super) fn sends(keyed: bool, grouped: bool, quotas: bool) -> String {
             FROM numbered n
             JOIN scopy x ON x.ord = n.ord
             JOIN sreq r ON r.sord = x.sord
-            LEFT JOIN LATERAL (
-                SELECT m.thread_id, m.group_id,
-                       m.body = r.body AND m.subject IS NOT DISTINCT FROM r.subject
-                           AND m.reply_to IS NOT DISTINCT FROM r.reply_to AS same
-                FROM messages m
-                WHERE x.copies > 1 AND x.idempotency_key IS NOT NULL
-                  AND m.sender_id = n.sender_id AND m.idempotency_key = x.idempotency_key
-                OFFSET 0) o ON true
+            LEFT JOIN LATERAL {earlier} o ON true
             WINDOW same_send AS (PARTITION BY x.sord)) g),
 "
-            .to_owned(),
-        );
+        ));
     } else {
         // One recipient per send: each copy is stored as it is, in a
         // thread of its own unless it answers one.
-        ctes.push(
+        let fresh = if keyed {
+            // An earlier try of the send that went to several recipients
+            // stored this copy under the key's other form
+            // (`other_copy_key`).
+            ",
+               NOT EXISTS (
+                   SELECT 1 FROM messages m
+                   WHERE x.idempotency_key IS NOT NULL AND m.sender_id = n.sender_id
+                     AND m.idempotency_key = x.other_key AND m.recipient_id = n.recipient_id)
+                   AS fresh"
+        } else {
+            ""
+        };
+        ctes.push(format!(
             "
     stored AS MATERIALIZED (
         SELECT n.ord, n.id, n.sender_id, n.recipient_id, x.sord,
                -- A retry's copy conflicts with its first try's and is not
                -- stored (the insert skips it when the batch has keys).
                x.idempotency_key, coalesce(r.thread_id, n.id) AS thread_id,
-               NULL::bigint AS group_id, NULL::bigint[] AS group_recipients
+               NULL::bigint AS group_id, NULL::bigint[] AS group_recipients{fresh}
         FROM numbered n
         JOIN scopy x ON x.ord = n.ord
         JOIN sreq r ON r.sord = x.sord),
 "
-            .to_owned(),
-        );
+        ));
     }
     // Without keys no insert can conflict: none is speculative (an
-    // insert with ON CONFLICT writes and confirms each row apart).
+    // insert with ON CONFLICT writes and confirms each row apart). With
+    // keys, a copy an earlier try stored is not inserted again (`fresh`);
+    // under the same key form, the index also stops a concurrent try's.
     let on_conflict = if keyed {
-        "ON CONFLICT (sender_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
+        "WHERE s.fresh
+        ON CONFLICT (sender_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
     } else {
         ""
     };
