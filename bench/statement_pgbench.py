@@ -87,7 +87,7 @@ def parameters(args, sql: str, pairs: int) -> list[str]:
             4: nulls, 5: array(['"a-short-body-from-the-bench"'] * pairs), 6: nulls, 7: nulls,
             8: nulls, 9: nulls, 17: array(["f"] * pairs), 18: "1000000", 19: "1000000",
             20: "1000000", 21: "1000000", 22: "100", 23: nulls,
-            24: array(str(n + 1) for n in range(pairs)),
+            24: array(str(n + 1) for n in range(pairs)), 29: nulls,
         })
     if "preq AS" in sql:
         value.update({
@@ -101,6 +101,17 @@ def parameters(args, sql: str, pairs: int) -> list[str]:
     return [f"-Dp{n}={value[n]}" for n in used]
 
 
+# A new key per copy and execution, for --fresh-keys: every copy is stored,
+# as for a client whose keys are new (the same key each time would make
+# every execution after the first a replay).
+FRESH_KEYS = "array(SELECT md5(random()::text) FROM generate_series(1, cardinality($3::text[])))"
+
+
+def with_fresh_keys(sql: str) -> str:
+    """The keys ($8) and their other form ($29) made fresh in the statement."""
+    return sql.replace("$8::text[]", FRESH_KEYS).replace("$29::text[]", FRESH_KEYS)
+
+
 def script(sql: str) -> str:
     """pgbench wants one line per statement and :names for parameters."""
     sql = re.sub(r"--[^\n]*", "", sql)
@@ -110,6 +121,8 @@ def script(sql: str) -> str:
 
 def latency(args, path: pathlib.Path, pairs: int) -> float:
     sql = path.read_text()
+    if args.fresh_keys:
+        sql = with_fresh_keys(sql)
     bench = path.with_suffix(f".{pairs}.pgbench")
     bench.write_text(script(sql))
     env = {"PGOPTIONS": "-c plan_cache_mode=force_generic_plan -c jit=off -c enable_seqscan=off"}
@@ -136,6 +149,8 @@ def main():
     p.add_argument("--pairs", type=int, nargs="+", default=[4])
     p.add_argument("--seconds", type=int, default=4)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--fresh-keys", action="store_true",
+                   help="keyed shapes: a new idempotency key per copy and execution")
     args = p.parse_args()
     folder = pathlib.Path(args.dir)
     folder.mkdir(parents=True, exist_ok=True)

@@ -770,9 +770,23 @@ async fn a_key_names_one_message_whether_sent_to_one_or_to_several() {
     assert_eq!(retry["recipients"][0]["id"], first["id"], "{retry}");
     assert!(retry["recipients"][1]["id"].is_string(), "{retry}");
     assert_eq!(retry["thread_id"], first["thread_id"], "{retry}");
+    assert_eq!(retry["replayed"], false, "{retry}");
+    // One message to a and b, as if sent to both at once: one thread, each
+    // seeing the other, its text once in the sender's search.
+    let got = ok(&c, "phone_inbox", b.with(json!({"peek": true}))).await;
+    assert_eq!(got["messages"][0]["thread_id"], first["thread_id"], "{got}");
+    assert_eq!(got["messages"][0]["also_to"], json!(["a"]), "{got}");
+    let got = ok(&c, "phone_inbox", a.with(json!({"peek": true}))).await;
+    assert_eq!(got["messages"][0]["also_to"], json!(["b"]), "{got}");
+    let found = ok(&c, "phone_inbox", boss.with(json!({"query": "plan"}))).await;
+    assert_eq!(found["messages"].as_array().unwrap().len(), 1, "{found}");
     // And back: a send to one of the group's recipients with its key.
-    let back = ok(&c, "phone_send", boss.with(json!({"to": "b", "body": "plan", "idempotency_key": "k7"})))
-        .await;
+    let back = ok(
+        &c,
+        "phone_send",
+        boss.with(json!({"to": "b", "body": "plan", "idempotency_key": "k7"})),
+    )
+    .await;
     assert_eq!(back["id"], retry["recipients"][1]["id"], "{back}");
     assert_eq!(back["replayed"], true, "{back}");
     let again = ok(&c, "phone_send", group).await;
@@ -790,7 +804,10 @@ async fn a_key_names_one_message_whether_sent_to_one_or_to_several() {
         boss.with(json!({"to": "b", "body": "other", "idempotency_key": "k7"})),
     )
     .await;
-    assert!(err.contains("already used for a different message"), "{err}");
+    assert!(
+        err.contains("already used for a different message"),
+        "{err}"
+    );
     let err = tool_err(
         &c,
         "phone_send",
@@ -798,7 +815,9 @@ async fn a_key_names_one_message_whether_sent_to_one_or_to_several() {
     )
     .await;
     assert!(
-        err.contains("already used for a different message; use a new key for a new message (for 'a')"),
+        err.contains(
+            "already used for a different message; use a new key for a new message (for 'a')"
+        ),
         "{err}"
     );
     assert_eq!(app.count("SELECT count(*) FROM messages").await, 2);

@@ -91,6 +91,79 @@ async fn a_poll_whose_caller_left_leaves_its_mail_unread() {
     app.stop().await;
 }
 
+/// A caller that left with a second request sent behind its long poll (an
+/// HTTP/1.1 pipeline, or a stray line break) is gone all the same: hyper
+/// stops watching for the close while unread input waits on the
+/// connection, so the poll goes on waiting, and the mail that wakes it must
+/// not be taken for a caller that will never read it (read mode: lost;
+/// lease mode: held by a lease nobody acknowledges). An outsider's attack.
+#[tokio::test]
+async fn a_long_poll_whose_caller_left_with_a_request_behind_it_takes_nothing() {
+    use tokio::io::AsyncWriteExt;
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let bob = register(&c, "bob", "B", "p").await;
+    let db = app.db().await;
+    let address = app
+        .mcp_url()
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_owned();
+    for (round, mode) in [json!({}), json!({"mode": "lease", "lease_seconds": 300})]
+        .into_iter()
+        .enumerate()
+    {
+        let mut args = bob.with(json!({"wait_seconds": 20}));
+        args.as_object_mut()
+            .unwrap()
+            .extend(mode.as_object().unwrap().clone());
+        let poll = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                          "params": {"name": "phone_inbox", "arguments": args}})
+        .to_string();
+        let request = format!(
+            "POST /mcp HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n\
+             Accept: {ACCEPT}\r\nMCP-Protocol-Version: 2025-06-18\r\n\
+             Content-Length: {}\r\n\r\n{poll}",
+            poll.len()
+        );
+        let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+        // The poll, and the start of another request behind it.
+        stream
+            .write_all(format!("{request}POST /mcp HTTP/1.1\r\n").as_bytes())
+            .await
+            .unwrap();
+        wait_until(
+            &db,
+            "the long poll waits",
+            "SELECT count(*) = 1 FROM inbox_waiters",
+        )
+        .await;
+        drop(stream);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let body = format!("after the caller left, {round}");
+        let sent = ok(
+            &c,
+            "phone_send",
+            alice.with(json!({"to": "bob", "body": body})),
+        )
+        .await;
+        // The departed poll has woken, taken what it takes, and ended.
+        wait_until_settled(
+            &db,
+            "the departed long poll ended",
+            "SELECT count(*) = 0 FROM inbox_waiters",
+        )
+        .await;
+        let got = ok(&c, "phone_inbox", bob.with(json!({}))).await;
+        assert_eq!(
+            got["messages"][0]["id"], sent["id"],
+            "round {round}: mail for a caller that left was taken: {got}"
+        );
+    }
+    app.stop().await;
+}
+
 /// The same in lease mode: the lease a vanished caller never heard of is
 /// released, so another worker gets the messages at once.
 #[tokio::test]

@@ -45,6 +45,11 @@ impl Handover {
         }
     }
 
+    /// A poll took mail and handed it to this request's answer.
+    pub fn holds_mail(&self) -> bool {
+        matches!(*self.state(), State::Held(..))
+    }
+
     /// The answer's last bytes were handed to the connection.
     pub fn confirm(&self) {
         let previous = std::mem::replace(&mut *self.state(), State::Confirmed);

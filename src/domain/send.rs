@@ -412,10 +412,20 @@ impl Phone {
             .filter_map(|c| c.stored.as_ref().map(|s| s.id))
             .collect();
         let Some(group_id) = earlier.group_id else {
-            // A try that went to this copy's recipient alone: the copies
-            // stored now are in its thread (the statement put them there),
-            // a group of their own.
-            return Ok((!fresh.is_empty()).then_some(earlier.thread_id));
+            // A try that went to this copy's recipient alone: its copy and
+            // the ones stored now become one group, named after it (the
+            // lowest), so each recipient sees the others in `also_to` and
+            // search holds the text once; `heal_groups` also mends a group
+            // the statement named after a copy that a racing send's key
+            // kept out.
+            if fresh.is_empty() {
+                return Ok(None);
+            }
+            let mut ids = fresh;
+            ids.push(earlier.id);
+            self.repair_group(me_id, ids, earlier.thread_id, earlier.id)
+                .await?;
+            return Ok(Some(earlier.thread_id));
         };
         if fresh.is_empty() {
             self.repair_group(me_id, Vec::new(), earlier.thread_id, group_id)

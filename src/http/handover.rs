@@ -2,7 +2,8 @@
 //! server: this layer gives each `/mcp` request a `Handover`, confirms it
 //! when the response's last bytes are handed to the connection, and
 //! abandons it (the mail goes back) when the response is dropped instead
-//! (the client disconnected, the request timed out).
+//! (the client disconnected, the request timed out), or when the caller
+//! turns out to have closed its end of the connection (`peer`).
 
 use std::{
     pin::Pin,
@@ -17,6 +18,7 @@ use axum::{
     response::Response,
 };
 
+use super::peer::PeerProbe;
 use crate::domain::handover::Handover;
 
 /// Abandons the handover unless disarmed: the request's future was dropped
@@ -34,6 +36,7 @@ impl Drop for Unanswered {
 pub(super) async fn attach(mut req: Request, next: Next) -> Response {
     let handover = Arc::new(Handover::default());
     req.extensions_mut().insert(handover.clone());
+    let peer = req.extensions().get::<PeerProbe>().cloned();
     let mut unanswered = Unanswered(Some(handover.clone()));
     let response = next.run(req).await;
     unanswered.0 = None;
@@ -41,6 +44,7 @@ pub(super) async fn attach(mut req: Request, next: Next) -> Response {
         Body::new(Delivering {
             body,
             handover: Some(handover),
+            peer,
         })
     })
 }
@@ -51,6 +55,8 @@ struct Delivering {
     body: Body,
     /// `None` once confirmed.
     handover: Option<Arc<Handover>>,
+    /// The caller's socket, asked before mail is confirmed as delivered.
+    peer: Option<PeerProbe>,
 }
 
 impl HttpBody for Delivering {
@@ -68,6 +74,14 @@ impl HttpBody for Delivering {
             _ => false,
         };
         if done && let Some(handover) = self.handover.take() {
+            // Its caller closed the connection and will never read this
+            // answer: what the poll took goes back, and the answer fails.
+            if handover.holds_mail() && self.peer.as_ref().is_some_and(PeerProbe::hung_up) {
+                handover.abandon();
+                return Poll::Ready(Some(Err(axum::Error::new(
+                    "the caller closed its connection before its answer",
+                ))));
+            }
             handover.confirm();
         }
         polled

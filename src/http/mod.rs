@@ -8,6 +8,7 @@ mod client_address;
 mod handover;
 mod health;
 mod jsonrpc;
+mod peer;
 pub mod serve;
 mod stall;
 

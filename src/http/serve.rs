@@ -62,10 +62,15 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let router = router.clone();
+        let peer = super::peer::Peer::of(&stream);
+        let probe = peer.as_ref().map(super::peer::Peer::probe);
         let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
             request
                 .extensions_mut()
                 .insert(ConnectInfo::<SocketAddr>(remote));
+            if let Some(probe) = &probe {
+                request.extensions_mut().insert(probe.clone());
+            }
             router.clone().oneshot(request)
         });
         let stream = super::stall::StallGuard::new(stream, limits.idle_timeout);
@@ -74,6 +79,8 @@ pub async fn serve(
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, %remote, "connection ended with an error");
             }
+            // The duplicate descriptor closes with the connection.
+            drop(peer);
             drop(permit);
         });
     }

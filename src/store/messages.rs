@@ -196,11 +196,16 @@ pub async fn by_idempotency_keys(
         .map(|k| {
             // This recipient's copy under either form, else whatever holds
             // the key (another recipient's: a conflict).
-            let to_recipient = |r: &&tokio_postgres::Row| r.get::<_, &str>("recipient") == k.recipient;
+            let to_recipient =
+                |r: &&tokio_postgres::Row| r.get::<_, &str>("recipient") == k.recipient;
             rows.iter()
                 .filter(to_recipient)
                 .find(|r| key_of(r) == k.key)
-                .or_else(|| rows.iter().filter(to_recipient).find(|r| key_of(r) == k.other))
+                .or_else(|| {
+                    rows.iter()
+                        .filter(to_recipient)
+                        .find(|r| key_of(r) == k.other)
+                })
                 .or_else(|| rows.iter().find(|r| key_of(r) == k.key))
                 .map(|r| Earlier {
                     id: r.get("id"),
