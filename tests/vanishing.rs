@@ -97,6 +97,7 @@ async fn a_poll_whose_caller_left_leaves_its_mail_unread() {
 /// connection, so the poll goes on waiting, and the mail that wakes it must
 /// not be taken for a caller that will never read it (read mode: lost;
 /// lease mode: held by a lease nobody acknowledges). An outsider's attack.
+#[cfg(target_os = "linux")]
 #[tokio::test]
 async fn a_long_poll_whose_caller_left_with_a_request_behind_it_takes_nothing() {
     use tokio::io::AsyncWriteExt;
@@ -148,11 +149,14 @@ async fn a_long_poll_whose_caller_left_with_a_request_behind_it_takes_nothing() 
             alice.with(json!({"to": "bob", "body": body})),
         )
         .await;
-        // The departed poll has woken, taken what it takes, and ended.
+        // The departed poll has woken, taken what it takes, and ended, and
+        // what it took is back (its waiter row goes before the give-back
+        // lands). Without the fix the mail stays taken, and this times out.
         wait_until_settled(
             &db,
-            "the departed long poll ended",
-            "SELECT count(*) = 0 FROM inbox_waiters",
+            "the departed long poll ended and the mail is in the inbox",
+            "SELECT count(*) = 0 FROM inbox_waiters)
+             AND (SELECT count(*) = 1 FROM messages WHERE read_at IS NULL AND leased_until IS NULL",
         )
         .await;
         let got = ok(&c, "phone_inbox", bob.with(json!({}))).await;
@@ -160,6 +164,106 @@ async fn a_long_poll_whose_caller_left_with_a_request_behind_it_takes_nothing() 
             got["messages"][0]["id"], sent["id"],
             "round {round}: mail for a caller that left was taken: {got}"
         );
+    }
+    app.stop().await;
+}
+
+/// Mail a poll gives back (its caller left) wakes the long polls of that
+/// inbox, on every replica, as a send does: one waiting beside the caller
+/// that left would otherwise get it only at the end of its wait. Here the
+/// other poll is a waiter row, as a poll on another replica leaves, and the
+/// wake-up is the NOTIFY every replica listens for.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn mail_given_back_wakes_the_inboxs_waiting_polls() {
+    use futures_util::StreamExt;
+    use tokio::io::AsyncWriteExt;
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let bob = register(&c, "bob", "B", "p").await;
+    let db = app.db().await;
+    let (listener, mut connection) =
+        tokio_postgres::connect(&app.database_url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+    let (heard, mut wakes) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(message)) = messages.next().await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = message {
+                let _ = heard.send(n.payload().to_owned());
+            }
+        }
+    });
+    listener
+        .batch_execute(&format!("LISTEN {}", phone::store::wakeup::CHANNEL))
+        .await
+        .unwrap();
+    let bob_id: i64 = db
+        .query_one("SELECT id FROM agents WHERE name = 'bob'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    // A long poll of bob's inbox on another replica, from start to end.
+    db.execute(
+        "INSERT INTO inbox_waiters (id, agent_id, expires_at) OVERRIDING SYSTEM VALUE
+         VALUES (1, $1, now() + interval '5 minutes')",
+        &[&bob_id],
+    )
+    .await
+    .unwrap();
+    // A caller whose long poll takes the mail and gives it back: it left,
+    // with a request behind its poll.
+    let address = app
+        .mcp_url()
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_owned();
+    let poll = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                      "params": {"name": "phone_inbox",
+                                 "arguments": bob.with(json!({"wait_seconds": 20}))}})
+    .to_string();
+    let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+    stream
+        .write_all(
+            format!(
+                "POST /mcp HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n\
+                 Accept: {ACCEPT}\r\nMCP-Protocol-Version: 2025-06-18\r\n\
+                 Content-Length: {}\r\n\r\n{poll}\r\n",
+                poll.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    wait_until(
+        &db,
+        "the long poll waits",
+        "SELECT count(*) = 2 FROM inbox_waiters",
+    )
+    .await;
+    drop(stream);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "bob", "body": "back"})),
+    )
+    .await;
+    wait_until_settled(
+        &db,
+        "the departed poll ended and its mail is back",
+        "SELECT count(*) = 1 FROM inbox_waiters)
+         AND (SELECT count(*) = 1 FROM messages WHERE read_at IS NULL",
+    )
+    .await;
+    // One wake-up for the send, one for the mail given back.
+    for n in 1..=2 {
+        let woke = tokio::time::timeout(Duration::from_secs(10), wakes.recv())
+            .await
+            .unwrap_or_else(|_| panic!("wake-up {n} of 2 never came"));
+        assert_eq!(woke, Some(bob_id.to_string()));
     }
     app.stop().await;
 }

@@ -38,6 +38,8 @@ pub async fn serve(
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = GracefulShutdown::new();
     let mut http = http1::Builder::new();
+    // Half-closes stay off (hyper's default): a client that closes its
+    // sending side is gone, here and in `peer`, which must agree.
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.idle_timeout)
         .keep_alive(true);
@@ -62,25 +64,20 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let router = router.clone();
-        let peer = super::peer::Peer::of(&stream);
-        let probe = peer.as_ref().map(super::peer::Peer::probe);
+        let stream = super::stall::StallGuard::new(stream, limits.idle_timeout);
+        let probe = stream.peer();
         let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
             request
                 .extensions_mut()
                 .insert(ConnectInfo::<SocketAddr>(remote));
-            if let Some(probe) = &probe {
-                request.extensions_mut().insert(probe.clone());
-            }
+            request.extensions_mut().insert(probe.clone());
             router.clone().oneshot(request)
         });
-        let stream = super::stall::StallGuard::new(stream, limits.idle_timeout);
         let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, %remote, "connection ended with an error");
             }
-            // The duplicate descriptor closes with the connection.
-            drop(peer);
             drop(permit);
         });
     }

@@ -21,6 +21,8 @@ use tokio::{
 };
 
 pub struct StallGuard {
+    /// Ahead of `stream`: dropped (and cleared) before the socket closes.
+    peer: super::peer::Peer,
     stream: TcpStream,
     limit: Duration,
     /// Armed while a write waits for the client to make room.
@@ -30,10 +32,16 @@ pub struct StallGuard {
 impl StallGuard {
     pub fn new(stream: TcpStream, limit: Duration) -> Self {
         Self {
+            peer: super::peer::Peer::of(&stream),
             stream,
             limit,
             stalled: None,
         }
+    }
+
+    /// Asks whether the caller closed its end of this connection.
+    pub fn peer(&self) -> super::peer::PeerProbe {
+        self.peer.probe()
     }
 
     /// What a write's poll says, with the stall's clock: progress disarms

@@ -445,10 +445,13 @@ pub async fn give_back(db: &Client, polled: &Polled) -> Result<Vec<i64>, StoreEr
 /// must not leave read-mode mail marked read for a caller that never got
 /// it. Logs ids only, so that an operator can find what stayed read if the
 /// process ends first (`include_read` shows it to its recipient too).
-pub async fn give_back_until_landed(pool: &super::Pool, polled: &Polled) {
+/// Whether any message went back.
+pub async fn give_back_until_landed(pool: &super::Pool, polled: &Polled) -> bool {
     let taken: Vec<i64> = polled.messages.iter().map(|m| m.id).collect();
     let mut delay = std::time::Duration::from_millis(100);
-    for attempt in 1u32.. {
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
         let outcome = async { give_back(&pool.get().await?, polled).await }.await;
         match outcome {
             Ok(back) => {
@@ -459,7 +462,7 @@ pub async fn give_back_until_landed(pool: &super::Pool, polled: &Polled) {
                     attempt,
                     "a poll's caller left before its answer; its messages are unread again"
                 );
-                return;
+                return !back.is_empty();
             }
             Err(e) if pool.is_closed() => {
                 tracing::error!(
@@ -468,7 +471,7 @@ pub async fn give_back_until_landed(pool: &super::Pool, polled: &Polled) {
                     ids = ?taken,
                     "a poll's caller left and the pool closed before its messages were put back; they stay read"
                 );
-                return;
+                return false;
             }
             Err(e) => {
                 tracing::warn!(

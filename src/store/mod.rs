@@ -214,9 +214,9 @@ impl Store {
             return;
         }
         let pool = self.pool.clone();
-        self.tasks.spawn(async move {
-            messages::give_back_until_landed(&pool, &polled).await;
-        });
+        let wakeup = self.wakeup.clone();
+        self.tasks
+            .spawn(async move { batch::mail::give_back(&pool, &wakeup, &polled).await });
     }
 
     /// Runs `work` to its end off the caller's path (a caller that goes

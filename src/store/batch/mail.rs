@@ -279,10 +279,9 @@ impl Write for MailWrite {
         if let MailDone::Polled(polled) = outcome
             && !polled.messages.is_empty()
         {
-            let pool = self.pool.clone();
-            self.tasks.spawn(async move {
-                crate::store::messages::give_back_until_landed(&pool, &polled).await;
-            });
+            let (pool, wakeup) = (self.pool.clone(), self.wakeup.clone());
+            self.tasks
+                .spawn(async move { give_back(&pool, &wakeup, &polled).await });
         }
     }
 
@@ -297,16 +296,7 @@ impl Write for MailWrite {
         if to_wake.is_empty() {
             return;
         }
-        let outcome = async {
-            let client = self.pool.get().await?;
-            let stmt = client.prepare_cached(&WAKE_SQL).await?;
-            client.query(&stmt, &[&to_wake]).await?;
-            Ok::<_, StoreError>(())
-        }
-        .await;
-        if let Err(e) = outcome {
-            wake_failed(&self.wakeup, &to_wake, &e);
-        }
+        wake_waiting(&self.pool, &self.wakeup, &to_wake).await;
     }
 }
 
@@ -372,6 +362,32 @@ async fn notify(pool: &Pool, wakeup: &Wakeup, agents: &[i64]) {
     let outcome = async {
         let client = pool.get().await?;
         let stmt = client.prepare_cached(&NOTIFY_SQL).await?;
+        client.query(&stmt, &[&agents]).await?;
+        Ok::<_, StoreError>(())
+    }
+    .await;
+    if let Err(e) = outcome {
+        wake_failed(wakeup, agents, &e);
+    }
+}
+
+/// Puts back what a poll whose caller left took, until it lands, and wakes
+/// the long polls of that inbox, as a send does: one waiting beside the
+/// caller that left would otherwise get the mail only at its next look or
+/// at the end of its wait.
+pub(crate) async fn give_back(pool: &Pool, wakeup: &Wakeup, polled: &Polled) {
+    let back = crate::store::messages::give_back_until_landed(pool, polled).await;
+    if let (true, Some(recipient)) = (back, polled.me_id) {
+        wake_waiting(pool, wakeup, &[recipient]).await;
+    }
+}
+
+/// Wakes the long polls of `agents` that wait, on every replica (here
+/// directly when the NOTIFY fails).
+async fn wake_waiting(pool: &Pool, wakeup: &Wakeup, agents: &[i64]) {
+    let outcome = async {
+        let client = pool.get().await?;
+        let stmt = client.prepare_cached(&WAKE_SQL).await?;
         client.query(&stmt, &[&agents]).await?;
         Ok::<_, StoreError>(())
     }
