@@ -11,6 +11,38 @@ use serde_json::{Value, json};
 
 const ACCEPT: &str = "application/json, text/event-stream";
 
+/// A phone_inbox call with `args` over a new connection, and the start of
+/// another request behind it (an HTTP/1.1 pipeline), sent but not read.
+async fn poll_with_a_request_behind_it(app: &TestApp, args: Value) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let address = app
+        .mcp_url()
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_owned();
+    let poll = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                      "params": {"name": "phone_inbox", "arguments": args}})
+    .to_string();
+    let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+    stream
+        .write_all(
+            format!(
+                "POST /mcp HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n\
+                 Accept: {ACCEPT}\r\nMCP-Protocol-Version: 2025-06-18\r\n\
+                 Content-Length: {}\r\n\r\n{poll}POST /mcp HTTP/1.1\r\n",
+                poll.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    stream
+}
+
+/// The give-back's statement in pg_stat_statements (which shows constants
+/// as parameters: only names are matched).
+const GIVE_BACK_LIKE: &str = "%AS g(id, read_at, leased_until, delivery_count)%";
+
 /// One tools/call over plain HTTP that gives up after `timeout`, as a
 /// client that goes away does: `None` when it gave up.
 async fn call_giving_up(
@@ -100,17 +132,11 @@ async fn a_poll_whose_caller_left_leaves_its_mail_unread() {
 #[cfg(target_os = "linux")]
 #[tokio::test]
 async fn a_long_poll_whose_caller_left_with_a_request_behind_it_takes_nothing() {
-    use tokio::io::AsyncWriteExt;
     let app = spawn_app().await;
     let c = app.client().await;
     let alice = register(&c, "alice", "A", "p").await;
     let bob = register(&c, "bob", "B", "p").await;
     let db = app.db().await;
-    let address = app
-        .mcp_url()
-        .trim_start_matches("http://")
-        .trim_end_matches("/mcp")
-        .to_owned();
     for (round, mode) in [json!({}), json!({"mode": "lease", "lease_seconds": 300})]
         .into_iter()
         .enumerate()
@@ -119,21 +145,7 @@ async fn a_long_poll_whose_caller_left_with_a_request_behind_it_takes_nothing() 
         args.as_object_mut()
             .unwrap()
             .extend(mode.as_object().unwrap().clone());
-        let poll = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                          "params": {"name": "phone_inbox", "arguments": args}})
-        .to_string();
-        let request = format!(
-            "POST /mcp HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n\
-             Accept: {ACCEPT}\r\nMCP-Protocol-Version: 2025-06-18\r\n\
-             Content-Length: {}\r\n\r\n{poll}",
-            poll.len()
-        );
-        let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
-        // The poll, and the start of another request behind it.
-        stream
-            .write_all(format!("{request}POST /mcp HTTP/1.1\r\n").as_bytes())
-            .await
-            .unwrap();
+        let stream = poll_with_a_request_behind_it(&app, args).await;
         wait_until(
             &db,
             "the long poll waits",
@@ -159,6 +171,16 @@ async fn a_long_poll_whose_caller_left_with_a_request_behind_it_takes_nothing() 
              AND (SELECT count(*) = 1 FROM messages WHERE read_at IS NULL AND leased_until IS NULL",
         )
         .await;
+        // It took nothing: asked on waking, before its look.
+        let give_backs: i64 = statements_like(&db, GIVE_BACK_LIKE)
+            .await
+            .iter()
+            .map(|g| g.calls)
+            .sum();
+        assert_eq!(
+            give_backs, 0,
+            "round {round}: the departed poll took the mail and gave it back"
+        );
         let got = ok(&c, "phone_inbox", bob.with(json!({}))).await;
         assert_eq!(
             got["messages"][0]["id"], sent["id"],
@@ -173,11 +195,9 @@ async fn a_long_poll_whose_caller_left_with_a_request_behind_it_takes_nothing() 
 /// that left would otherwise get it only at the end of its wait. Here the
 /// other poll is a waiter row, as a poll on another replica leaves, and the
 /// wake-up is the NOTIFY every replica listens for.
-#[cfg(target_os = "linux")]
 #[tokio::test]
 async fn mail_given_back_wakes_the_inboxs_waiting_polls() {
     use futures_util::StreamExt;
-    use tokio::io::AsyncWriteExt;
     let app = spawn_app().await;
     let c = app.client().await;
     let alice = register(&c, "alice", "A", "p").await;
@@ -213,58 +233,107 @@ async fn mail_given_back_wakes_the_inboxs_waiting_polls() {
     )
     .await
     .unwrap();
-    // A caller whose long poll takes the mail and gives it back: it left,
-    // with a request behind its poll.
-    let address = app
-        .mcp_url()
-        .trim_start_matches("http://")
-        .trim_end_matches("/mcp")
-        .to_owned();
-    let poll = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                      "params": {"name": "phone_inbox",
-                                 "arguments": bob.with(json!({"wait_seconds": 20}))}})
-    .to_string();
-    let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
-    stream
-        .write_all(
-            format!(
-                "POST /mcp HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n\
-                 Accept: {ACCEPT}\r\nMCP-Protocol-Version: 2025-06-18\r\n\
-                 Content-Length: {}\r\n\r\n{poll}\r\n",
-                poll.len()
-            )
-            .as_bytes(),
-        )
-        .await
-        .unwrap();
-    wait_until(
-        &db,
-        "the long poll waits",
-        "SELECT count(*) = 2 FROM inbox_waiters",
-    )
-    .await;
-    drop(stream);
-    tokio::time::sleep(Duration::from_millis(200)).await;
     ok(
         &c,
         "phone_send",
         alice.with(json!({"to": "bob", "body": "back"})),
     )
     .await;
-    wait_until_settled(
-        &db,
-        "the departed poll ended and its mail is back",
-        "SELECT count(*) = 1 FROM inbox_waiters)
-         AND (SELECT count(*) = 1 FROM messages WHERE read_at IS NULL",
+    let woke = tokio::time::timeout(Duration::from_secs(10), wakes.recv()).await;
+    assert_eq!(
+        woke.ok().flatten(),
+        Some(bob_id.to_string()),
+        "the send's wake-up"
+    );
+    // A poll whose statement waits on a lock while its caller gives up:
+    // it takes the mail for nobody and gives it back.
+    let lock = app.db().await;
+    lock.batch_execute("BEGIN; LOCK TABLE messages IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let answer = call_giving_up(
+        &app,
+        "phone_inbox",
+        bob.with(json!({"limit": 10})),
+        Duration::from_secs(1),
     )
     .await;
-    // One wake-up for the send, one for the mail given back.
-    for n in 1..=2 {
-        let woke = tokio::time::timeout(Duration::from_secs(10), wakes.recv())
-            .await
-            .unwrap_or_else(|_| panic!("wake-up {n} of 2 never came"));
-        assert_eq!(woke, Some(bob_id.to_string()));
-    }
+    assert!(
+        answer.is_none(),
+        "the poll should wait for the lock: {answer:?}"
+    );
+    lock.batch_execute("COMMIT").await.unwrap();
+    wait_until_settled(
+        &db,
+        "the mail is back",
+        "SELECT count(*) = 1 FROM messages WHERE read_at IS NULL AND delivery_count = 0",
+    )
+    .await;
+    let woke = tokio::time::timeout(Duration::from_secs(10), wakes.recv()).await;
+    assert_eq!(
+        woke.ok().flatten(),
+        Some(bob_id.to_string()),
+        "the mail given back woke no waiting poll"
+    );
+    // The pattern another test counts give-backs by finds this one.
+    let give_backs: i64 = statements_like(&db, GIVE_BACK_LIKE)
+        .await
+        .iter()
+        .map(|g| g.calls)
+        .sum();
+    assert_eq!(give_backs, 1);
+    app.stop().await;
+}
+
+/// The same caller, gone while its poll's statement ran (it waited on a
+/// lock): the statement takes the mail, and the answer, about to confirm
+/// it, finds the connection closed and gives it back.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_poll_whose_caller_left_with_a_request_behind_it_while_it_ran_takes_nothing() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let bob = register(&c, "bob", "B", "p").await;
+    let db = app.db().await;
+    db.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .await
+        .unwrap();
+    let sent = ok(
+        &c,
+        "phone_send",
+        alice.with(json!({"to": "bob", "body": "held"})),
+    )
+    .await;
+    let lock = app.db().await;
+    lock.batch_execute("BEGIN; LOCK TABLE messages IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let stream = poll_with_a_request_behind_it(&app, bob.with(json!({}))).await;
+    wait_until(
+        &db,
+        "the poll's statement waits on the lock",
+        "SELECT count(*) > 0 FROM pg_stat_activity
+         WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    .await;
+    drop(stream);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    lock.batch_execute("COMMIT").await.unwrap();
+    // Without the check, the mail is confirmed taken and this times out.
+    wait_until_settled(
+        &db,
+        "the poll gave the mail back",
+        &format!(
+            "SELECT count(*) = 1 FROM messages WHERE read_at IS NULL AND delivery_count = 0)
+             AND (SELECT coalesce(sum(calls), 0) = 1 FROM pg_stat_statements
+                  WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+                    AND query LIKE '{GIVE_BACK_LIKE}'"
+        ),
+    )
+    .await;
+    let got = ok(&c, "phone_inbox", bob.with(json!({}))).await;
+    assert_eq!(got["messages"][0]["id"], sent["id"], "{got}");
     app.stop().await;
 }
 

@@ -456,6 +456,12 @@ impl Phone {
                     let phone = self.clone();
                     tokio::spawn(async move { phone.remove_waiter(old).await });
                 }
+                // A caller that left with input unread on its connection is
+                // not seen by its request's cancellation: asked before each
+                // look, it takes nothing (its mail would only go back).
+                if call.caller_left() {
+                    return Err(PhoneError::CallerGone);
+                }
                 // The first round covers mail that arrived before the waiter
                 // row was visible to senders.
                 let latest = match self.poll(creds, req, &[], call).await? {

@@ -218,6 +218,13 @@ impl Credentials {
     }
 }
 
+/// Asks the caller's connection whether the caller closed its end (the HTTP
+/// layer's socket check: `http::peer`), which the request's own
+/// cancellation does not see when unread input waits on the connection.
+pub trait Hangup: Send + Sync {
+    fn hung_up(&self) -> bool;
+}
+
 /// The request a call arrives in: whether its caller can still hear the
 /// answer, and by when the answer must leave.
 #[derive(Clone, Default)]
@@ -225,12 +232,22 @@ pub struct Call {
     /// Cancelled when the caller can no longer hear the answer: it
     /// disconnected, or its request timed out.
     pub gone: CancellationToken,
+    /// Its connection, asked before a long poll takes mail again.
+    pub hangup: Option<Arc<dyn Hangup>>,
     /// When the answer must be on its way, a margin before the request
     /// times out: long polls end by then. `None`: no limit but the wait's.
     pub deadline: Option<tokio::time::Instant>,
     /// Where a poll leaves what it took until the answer has left the
     /// server (`None`: the caller holds it as soon as the poll returns).
     pub handover: Option<Arc<handover::Handover>>,
+}
+
+impl Call {
+    /// The caller can no longer hear the answer: its request was cancelled,
+    /// or its connection was closed at the far end.
+    pub fn caller_left(&self) -> bool {
+        self.gone.is_cancelled() || self.hangup.as_ref().is_some_and(|h| h.hung_up())
+    }
 }
 
 /// An agent whose token was verified for this request.

@@ -18,8 +18,7 @@ use axum::{
     response::Response,
 };
 
-use super::peer::PeerProbe;
-use crate::domain::handover::Handover;
+use crate::domain::{Hangup, handover::Handover};
 
 /// Abandons the handover unless disarmed: the request's future was dropped
 /// before it had a response.
@@ -36,7 +35,7 @@ impl Drop for Unanswered {
 pub(super) async fn attach(mut req: Request, next: Next) -> Response {
     let handover = Arc::new(Handover::default());
     req.extensions_mut().insert(handover.clone());
-    let peer = req.extensions().get::<PeerProbe>().cloned();
+    let hangup = req.extensions().get::<Arc<dyn Hangup>>().cloned();
     let mut unanswered = Unanswered(Some(handover.clone()));
     let response = next.run(req).await;
     unanswered.0 = None;
@@ -44,7 +43,7 @@ pub(super) async fn attach(mut req: Request, next: Next) -> Response {
         Body::new(Delivering {
             body,
             handover: Some(handover),
-            peer,
+            hangup,
         })
     })
 }
@@ -55,8 +54,9 @@ struct Delivering {
     body: Body,
     /// `None` once confirmed.
     handover: Option<Arc<Handover>>,
-    /// The caller's socket, asked before mail is confirmed as delivered.
-    peer: Option<PeerProbe>,
+    /// The caller's connection, asked before mail is confirmed as
+    /// delivered (`http::peer`).
+    hangup: Option<Arc<dyn Hangup>>,
 }
 
 impl HttpBody for Delivering {
@@ -76,7 +76,7 @@ impl HttpBody for Delivering {
         if done && let Some(handover) = self.handover.take() {
             // Its caller closed the connection and will never read this
             // answer: what the poll took goes back, and the answer fails.
-            if handover.holds_mail() && self.peer.as_ref().is_some_and(PeerProbe::hung_up) {
+            if handover.holds_mail() && self.hangup.as_ref().is_some_and(|h| h.hung_up()) {
                 handover.abandon();
                 return Poll::Ready(Some(Err(axum::Error::new(
                     "the caller closed its connection before its answer",

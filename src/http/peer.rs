@@ -21,8 +21,7 @@ use std::{
 /// number that a later connection reuses.
 pub(super) struct Peer(Arc<RwLock<Option<RawFd>>>);
 
-/// What a request keeps of its connection's [`Peer`].
-#[derive(Clone)]
+/// What the connection's requests keep of its [`Peer`].
 pub(super) struct PeerProbe(Weak<RwLock<Option<RawFd>>>);
 
 impl Peer {
@@ -42,12 +41,12 @@ impl Drop for Peer {
     }
 }
 
-impl PeerProbe {
+impl crate::domain::Hangup for PeerProbe {
     /// The caller closed its end (or reset it), or the connection is over.
     /// A client that shuts down only its sending side counts as gone, as
     /// hyper treats it when no input waits (half-closes are off in
     /// `serve`).
-    pub(super) fn hung_up(&self) -> bool {
+    fn hung_up(&self) -> bool {
         let Some(slot) = self.0.upgrade() else {
             return true;
         };

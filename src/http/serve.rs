@@ -65,12 +65,14 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let router = router.clone();
         let stream = super::stall::StallGuard::new(stream, limits.idle_timeout);
-        let probe = stream.peer();
+        // Asked by the answer before it confirms mail, and by a long poll
+        // before each look (one per connection; each request shares it).
+        let hangup: Arc<dyn crate::domain::Hangup> = Arc::new(stream.peer());
         let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
             request
                 .extensions_mut()
                 .insert(ConnectInfo::<SocketAddr>(remote));
-            request.extensions_mut().insert(probe.clone());
+            request.extensions_mut().insert(hangup.clone());
             router.clone().oneshot(request)
         });
         let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));

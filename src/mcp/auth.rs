@@ -8,7 +8,7 @@ use rmcp::service::{RequestContext, RoleServer};
 
 use super::args::Args;
 use crate::domain::{
-    AgentName, Call, Caller, Credentials, InvalidInput, Phone, PhoneError, Token,
+    AgentName, Call, Caller, Credentials, Hangup, InvalidInput, Phone, PhoneError, Token,
     handover::Handover,
 };
 
@@ -34,6 +34,7 @@ pub(super) fn call(context: &RequestContext<RoleServer>) -> Call {
             .and_then(|parts| parts.extensions.get::<RequestDeadline>())
             .map(|d| d.0),
         handover: parts.and_then(|parts| parts.extensions.get::<Arc<Handover>>().cloned()),
+        hangup: parts.and_then(|parts| parts.extensions.get::<Arc<dyn Hangup>>().cloned()),
     }
 }
 
