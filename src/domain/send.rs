@@ -277,10 +277,13 @@ impl Phone {
         // Copies not stored under a key may be an earlier send's: a replay.
         let mut earlier = vec![None; targets.len()];
         if let Some(key) = key {
+            // Refused copies too: a retry of a send the key already stored
+            // replays it whatever would refuse a new send now (the
+            // recipient closed to the sender since, or the sender's share
+            // of the inbox is full with that very message). A caller whose
+            // answer was lost must hear "sent", or it sends again unkeyed.
             let unstored: Vec<usize> = (0..targets.len())
-                .filter(|&i| {
-                    outcome.copies[i].stored.is_none() && outcome.copies[i].refusal.is_none()
-                })
+                .filter(|&i| outcome.copies[i].stored.is_none())
                 .collect();
             if !unstored.is_empty() {
                 let keys: Vec<store::messages::CopyKey> = unstored
@@ -297,17 +300,29 @@ impl Phone {
                 let db = self.store.db().await?;
                 let found = store::messages::by_idempotency_keys(&db, me_id, &keys).await?;
                 for (i, found) in unstored.into_iter().zip(found) {
-                    earlier[i] = found;
+                    // A refused copy stays refused unless it is a replay.
+                    earlier[i] = found.filter(|e| {
+                        outcome.copies[i].refusal.is_none()
+                            || is_same_send(e, &targets[i], &req, reply_to)
+                    });
                 }
             }
         }
+        // A refused copy's replay is only reported: it may be a concurrent
+        // try's copy (stored after this statement's snapshot), whose group
+        // that try mends itself; joining it here raced that repair.
+        let earlier_stored: Vec<Option<store::messages::Earlier>> = earlier
+            .iter()
+            .zip(&outcome.copies)
+            .map(|(e, copy)| e.clone().filter(|_| copy.refusal.is_none()))
+            .collect();
         let joined = match self
-            .join_earlier_group(me_id, &req, reply_to, &targets, &outcome, &earlier)
+            .join_earlier_group(me_id, &req, reply_to, &targets, &outcome, &earlier_stored)
             .await?
         {
             None if group => {
                 // Copies whose keys an earlier send of another text holds.
-                let lost = earlier.iter().zip(&targets).any(|(e, t)| {
+                let lost = earlier_stored.iter().zip(&targets).any(|(e, t)| {
                     e.as_ref()
                         .is_some_and(|e| !is_same_send(e, t, &req, reply_to))
                 });
@@ -454,11 +469,7 @@ impl Phone {
             // so "nothing was done" would be wrong; a group left half-mended
             // by a failover is mended by a retry of the send.
             let db = store.db().await?.unguarded();
-            let done = if ids.is_empty() {
-                store::messages::heal_groups(&db, &[group]).await
-            } else {
-                store::messages::join_group(&db, me_id, &ids, thread, group).await
-            };
+            let done = store::messages::join_group(&db, me_id, &ids, thread, group).await;
             if let Err(e) = &done {
                 // Heard by the caller if it is still there; logged in
                 // case it is not. A retry of the send mends the group.

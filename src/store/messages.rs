@@ -227,7 +227,15 @@ pub async fn by_idempotency_keys(
 /// through another replica, cannot see its uncommitted copies and gives
 /// the copies it stores a group of its own), or its own lowest stored
 /// copy's (`domain::send`). Then [`heal_groups`] for that group and the
-/// groups the copies left, in the same transaction.
+/// groups the copies left, in the same transaction. With no `ids`, the
+/// heal alone.
+///
+/// One join of a group at a time (a transaction's advisory lock on it,
+/// taken first): the heal lists the group's members as its statement's
+/// snapshot shows them, and two retries joining one group at once each
+/// listed the members without the other's copy; the later write won, and
+/// search lost a recipient (a helper's attack: 16 of 40 rounds with 5
+/// parallel retries).
 pub async fn join_group(
     db: &Client,
     sender_id: i64,
@@ -236,6 +244,8 @@ pub async fn join_group(
     group_id: i64,
 ) -> Result<(), StoreError> {
     db.transaction(async |db| {
+        let lock = db.prepare_cached(LOCK_GROUP).await?;
+        db.execute(&lock, &[&group_id]).await?;
         let stmt = db
             .prepare_cached(
                 "WITH moved AS (
@@ -257,6 +267,10 @@ pub async fn join_group(
     })
     .await
 }
+
+/// Serialises the joins of group `$1` (see [`join_group`]).
+const LOCK_GROUP: &str =
+    "SELECT pg_advisory_xact_lock(hashtextextended('phone:group:' || $1::bigint, 0))";
 
 /// Makes each of `groups` (group ids) what the search index expects
 /// (migration V18): named after a stored copy (its own first copy if it
