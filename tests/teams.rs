@@ -895,6 +895,17 @@ async fn a_retry_of_a_stored_send_replays_where_a_new_send_would_be_refused() {
     .await;
     assert_eq!(group["recipients"][0]["id"], first["id"], "{group}");
     assert!(group["recipients"][1]["id"].is_string(), "{group}");
+    // One message to both: one thread, each in the other's also_to.
+    assert_eq!(group["thread_id"], first["thread_id"], "{group}");
+    let got = ok(&c, "phone_inbox", a.with(json!({"peek": true}))).await;
+    assert_eq!(got["messages"][0]["also_to"], json!(["b"]), "{got}");
+    let thread = ok(
+        &c,
+        "phone_thread",
+        boss.with(json!({"message_id": first["id"]})),
+    )
+    .await;
+    assert_eq!(thread["messages"].as_array().unwrap().len(), 2, "{thread}");
     // The share: the second message fills it, and its retry replays.
     set_policy(&c, &a, "open").await;
     ok(

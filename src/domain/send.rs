@@ -308,13 +308,18 @@ impl Phone {
                 }
             }
         }
-        // A refused copy's replay is only reported: it may be a concurrent
-        // try's copy (stored after this statement's snapshot), whose group
-        // that try mends itself; joining it here raced that repair.
+        // A refused copy's replay of a group send's copy is only reported:
+        // it may be a concurrent try's copy (stored after this statement's
+        // snapshot), whose group that try mends itself; joining it here
+        // raced that repair. A send to one has no group to mend: the
+        // copies stored now join it (a retry that grew the send).
         let earlier_stored: Vec<Option<store::messages::Earlier>> = earlier
             .iter()
             .zip(&outcome.copies)
-            .map(|(e, copy)| e.clone().filter(|_| copy.refusal.is_none()))
+            .map(|(e, copy)| {
+                e.clone()
+                    .filter(|e| copy.refusal.is_none() || e.group_id.is_none())
+            })
             .collect();
         let joined = match self
             .join_earlier_group(me_id, &req, reply_to, &targets, &outcome, &earlier_stored)
