@@ -44,7 +44,7 @@ def shapes_from_log(log: str) -> dict[str, str]:
                 ("leases", "lease_taken AS"),
                 ("acks", "areq AS"),
                 ("grouped", "WINDOW same_send"),
-                ("keyed", "ON CONFLICT (sender_id, idempotency_key)"),
+                ("keyed", "-- Keyed: a copy a unique index holds already"),
                 ("quotas", "hour_counted AS"),
             ]
             if marker in sql

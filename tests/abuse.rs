@@ -312,7 +312,7 @@ async fn quotas_set_to_zero_are_off_and_keep_no_bookkeeping() {
             (
                 x.query.contains("send_counts") || x.query.contains("correspondents"),
                 x.query.contains("WINDOW same_send"),
-                x.query.contains("ON CONFLICT (sender_id, idempotency_key)"),
+                x.query.contains(phone::store::KEYED_INSERT),
             )
         })
         .collect();

@@ -1752,7 +1752,7 @@ async fn every_shape_of_the_mail_statement_runs() {
     for (n, (sql, types)) in shapes.into_iter().enumerate() {
         let (sends, polls) = (sql.contains("sreq AS"), sql.contains("preq AS"));
         let (leases, acks) = (sql.contains("lease_taken AS"), sql.contains("areq AS"));
-        let keyed = sql.contains("ON CONFLICT (sender_id, idempotency_key)");
+        let keyed = sql.contains(phone::store::KEYED_INSERT);
         let quotas = sql.contains("hour_counted AS");
         // A send to bob, and to carol too where the shape takes groups.
         let windowed = sql.contains("WINDOW same_send");
@@ -1914,7 +1914,7 @@ async fn run_plain_sends(
                 && sql.contains("hour_counted AS")
                 && !sql.contains("preq AS")
                 && !sql.contains("WINDOW same_send")
-                && !sql.contains("ON CONFLICT (sender_id, idempotency_key)")
+                && !sql.contains(phone::store::KEYED_INSERT)
         })
         .expect("the shape of plain sends under quotas");
     let stmt = db.prepare_typed(sql, types).await.unwrap();

@@ -977,6 +977,133 @@ async fn parallel_retries_growing_a_send_list_every_recipient_of_its_group() {
     app.stop().await;
 }
 
+/// Two tries of one send in flight at once, one to `a` and one to `a` and
+/// `b` (a retry after a timeout whose `to` grew, parallel calls), through
+/// two replicas: neither statement sees the other's copy, so each stored
+/// one for `a` (a helper's attack), until an index of key and recipient
+/// (V27) made the later wait for the earlier and store nothing for `a`. In
+/// either order, one message to each, in one thread and group.
+#[tokio::test]
+async fn tries_to_one_and_to_several_in_flight_at_once_store_one_copy_each() {
+    let app = spawn_app().await;
+    let other = spawn_app_on(&app.database_url, &[]).await;
+    let c = app.client().await;
+    let boss = register(&c, "boss", "B", "team").await;
+    let a = register(&c, "a", "A", "team").await;
+    let b = register(&c, "b", "B", "team").await;
+    for (round, single_first) in [(0, true), (1, false)] {
+        let (single, several) = tries_to_one_and_to_several(&boss, round);
+        let (held, racing) = if single_first {
+            (single, several)
+        } else {
+            (several, single)
+        };
+        let (lock, first) = send_held_by_a_row_lock(&app, &boss, held).await;
+        let (first, second) = race_the_held_send(&other, lock, first, racing).await;
+        let (one, several) = if single_first {
+            (first, second)
+        } else {
+            (second, first)
+        };
+        assert_one_message_to_each(&app, &c, (&a, &b), round, &one, &several).await;
+    }
+    app.stop().await;
+    other.stop().await;
+}
+
+/// The same two tries in one batch (parallel calls to one replica): the
+/// statement's look for an earlier copy cannot see a copy it inserts
+/// itself, so only the index keeps the second copy for `a` out.
+#[tokio::test]
+async fn tries_to_one_and_to_several_in_one_batch_store_one_copy_each() {
+    let app = spawn_app().await;
+    let (c, c2) = (app.client().await, app.client().await);
+    let db = app.db().await;
+    let boss = register(&c, "boss", "B", "team").await;
+    let a = register(&c, "a", "A", "team").await;
+    let b = register(&c, "b", "B", "team").await;
+    let x = register(&c, "x", "X", "team").await;
+    // While a batch is stuck on a lock, the calls behind it queue, and two
+    // made at once go in one batch (a slow machine may split them: a few
+    // tries). A batch without the send to several runs a statement of
+    // sends to one with keys.
+    let (lock, stuck) =
+        send_held_by_a_row_lock(&app, &x, x.with(json!({"to": "b", "body": "stuck"}))).await;
+    let alone = |ran: Vec<Ran>| -> i64 {
+        ran.iter()
+            .filter(|r| {
+                r.query.contains(phone::store::KEYED_INSERT)
+                    && !r.query.contains("WINDOW same_send")
+            })
+            .map(|r| r.calls)
+            .sum()
+    };
+    let mut together = false;
+    for round in 0..5 {
+        let before = alone(statements_like(&db, "WITH woken AS%").await);
+        let (single, several) = tries_to_one_and_to_several(&boss, round);
+        let (one, several) =
+            tokio::join!(ok(&c, "phone_send", single), ok(&c2, "phone_send", several));
+        assert_one_message_to_each(&app, &c, (&a, &b), round, &one, &several).await;
+        if alone(statements_like(&db, "WITH woken AS%").await) == before {
+            together = true;
+            break;
+        }
+    }
+    assert!(together, "the two tries never shared a statement");
+    lock.batch_execute("COMMIT").await.unwrap();
+    stuck.await.unwrap();
+    app.stop().await;
+}
+
+/// A send to `a` and the same send (text and key) to `a` and `b`.
+fn tries_to_one_and_to_several(boss: &Agent, round: usize) -> (Value, Value) {
+    let (body, key) = (format!("plan {round}"), format!("key {round}"));
+    (
+        boss.with(json!({"to": "a", "body": body, "idempotency_key": key})),
+        boss.with(json!({"to": ["a", "b"], "body": body, "idempotency_key": key})),
+    )
+}
+
+/// After `tries_to_one_and_to_several(round)` answered `one` and
+/// `several`: one copy each for `a` and `b`, in one thread and group, each
+/// seeing the other, and both answers name `a`'s copy and that thread.
+async fn assert_one_message_to_each(
+    app: &TestApp,
+    c: &Client,
+    (a, b): (&Agent, &Agent),
+    round: usize,
+    one: &Value,
+    several: &Value,
+) {
+    assert_eq!(several["recipients"][0]["id"], one["id"], "{one} {several}");
+    assert_eq!(several["thread_id"], one["thread_id"], "{one} {several}");
+    let body = format!("plan {round}");
+    let stored = app
+        .db()
+        .await
+        .query_one(
+            "SELECT count(*) FILTER (WHERE r.name = 'a'), count(*) FILTER (WHERE r.name = 'b'),
+                    count(DISTINCT m.thread_id), count(DISTINCT m.group_id),
+                    count(*) FILTER (WHERE m.group_id IS NULL)
+             FROM messages m JOIN agents r ON r.id = m.recipient_id WHERE m.body = $1",
+            &[&body],
+        )
+        .await
+        .unwrap();
+    let counts: Vec<i64> = (0..5).map(|i| stored.get(i)).collect();
+    assert_eq!(
+        counts,
+        [1, 1, 1, 1, 0],
+        "copies to a and to b, threads, groups, copies outside a group ({one} {several})"
+    );
+    for (agent, also) in [(a, "b"), (b, "a")] {
+        let got = ok(c, "phone_inbox", agent.with(json!({"limit": 1}))).await;
+        assert_eq!(got["messages"][0]["body"], body.as_str(), "{got}");
+        assert_eq!(got["messages"][0]["also_to"], json!([also]), "{got}");
+    }
+}
+
 /// A send through `other` racing `first`, a send held by `lock`
 /// (`send_held_by_a_row_lock`): once both wait, the lock goes. Both
 /// answers, the held send's first.

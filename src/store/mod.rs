@@ -43,7 +43,10 @@ use tokio_util::sync::CancellationToken;
 pub use batch::{
     mail::{Quotas, every_mail_statement},
     poll::{Lease, QueuedPoll},
-    send::{Addressee, CopyOutcome, QueuedSend, SendOutcome, Stored, copy_key, other_copy_key},
+    send::{
+        Addressee, CopyOutcome, KEYED_INSERT, QueuedSend, SendOutcome, Stored, copy_key,
+        other_copy_key,
+    },
 };
 pub use error::{NO_SYNC_STANDBY, POOL_BUSY, READ_ONLY, STALLED, StoreError};
 pub use messages::Polled;

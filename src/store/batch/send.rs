@@ -161,7 +161,8 @@ pub(super) static NOTIFY_SQL: std::sync::LazyLock<String> = std::sync::LazyLock:
 /// `$24` the send it belongs to (1-based), `$3` recipient names, `$9`
 /// recipient ids (replies), `$17` whether the copy answers a message its
 /// recipient sent the caller, `$8` idempotency keys (see [`copy_key`]) and
-/// `$29` the same in their other form (see [`other_copy_key`]); and
+/// `$29` the same in their other form (see [`other_copy_key`]; read by
+/// group sends only); and
 /// the quotas (0: off): `$18`
 /// sends per sender per hour (refused sends count too), `$19` first
 /// messages to new recipients per sender per day, `$20` unread messages a
@@ -216,8 +217,10 @@ pub(super) fn sends(keyed: bool, grouped: bool, quotas: bool) -> String {
     let per_sender = "$21::int";
     let backlog_max = "$22::int";
     let words = stored_words("r.subject", "r.body");
-    // With keys, each copy's key in the other form too (`other_copy_key`).
-    let (other_keys, other_key) = if keyed {
+    // With keys, a group's copies' keys in the other form too
+    // (`other_copy_key`), to find earlier copies by (`stored`); a send to
+    // one needs no look: its insert's conflict is all it would learn.
+    let (other_keys, other_key) = if keyed && grouped {
         (", $29::text[]", ", other_key")
     } else {
         ("", "")
@@ -440,42 +443,37 @@ pub(super) fn sends(keyed: bool, grouped: bool, quotas: bool) -> String {
     } else {
         // One recipient per send: each copy is stored as it is, in a
         // thread of its own unless it answers one.
-        let fresh = if keyed {
-            // An earlier try of the send that went to several recipients
-            // stored this copy under the key's other form
-            // (`other_copy_key`).
-            ",
-               NOT EXISTS (
-                   SELECT 1 FROM messages m
-                   WHERE x.idempotency_key IS NOT NULL AND m.sender_id = n.sender_id
-                     AND m.idempotency_key = x.other_key AND m.recipient_id = n.recipient_id)
-                   AS fresh"
-        } else {
-            ""
-        };
-        ctes.push(format!(
+        ctes.push(
             "
     stored AS MATERIALIZED (
         SELECT n.ord, n.id, n.sender_id, n.recipient_id, x.sord,
                -- A retry's copy conflicts with its first try's and is not
                -- stored (the insert skips it when the batch has keys).
                x.idempotency_key, coalesce(r.thread_id, n.id) AS thread_id,
-               NULL::bigint AS group_id, NULL::bigint[] AS group_recipients{fresh}
+               NULL::bigint AS group_id, NULL::bigint[] AS group_recipients
         FROM numbered n
         JOIN scopy x ON x.ord = n.ord
         JOIN sreq r ON r.sord = x.sord),
 "
-        ));
+            .to_owned(),
+        );
     }
     // Without keys no insert can conflict: none is speculative (an
     // insert with ON CONFLICT writes and confirms each row apart). With
-    // keys, a copy an earlier try stored is not inserted again (`fresh`);
-    // under the same key form, the index also stops a concurrent try's.
-    let on_conflict = if keyed {
-        "WHERE s.fresh
-        ON CONFLICT (sender_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
-    } else {
-        ""
+    // keys, a copy an earlier try stored, under either form of its key, is
+    // not inserted again, nor one that a try in flight beside this one
+    // (in this statement, or not committed yet) stores: the unique indexes
+    // stop it, `messages_idempotency_idx` the same form of the key (for a
+    // send to one, whatever its recipient) and
+    // `messages_idempotency_copy_idx` either form to the same recipient
+    // (migration V27). No conflict target, so that both do. A group's copy
+    // whose earlier copy this statement found is left out beforehand
+    // (`fresh`): it must not count among the recipients the group's
+    // first copy lists.
+    let on_conflict = match (keyed, grouped) {
+        (false, _) => String::new(),
+        (true, false) => KEYED_INSERT.to_owned(),
+        (true, true) => format!("WHERE s.fresh\n        {KEYED_INSERT}"),
     };
     ctes.push(format!(
         "
@@ -548,6 +546,11 @@ pub(super) fn sends(keyed: bool, grouped: bool, quotas: bool) -> String {
     ));
     ctes.concat()
 }
+
+/// The end of a keyed insert. Its comment tells the shapes apart in
+/// `pg_stat_statements`, the tests and `bench/statement_pgbench.py`.
+pub const KEYED_INSERT: &str = "-- Keyed: a copy a unique index holds already is not stored again.
+        ON CONFLICT DO NOTHING";
 
 /// The callers of `SENDS`, for the presence write.
 pub(super) const SENDERS: &str = "SELECT sender_id AS id, last_seen_at FROM resolved";
