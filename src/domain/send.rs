@@ -336,6 +336,22 @@ impl Phone {
             }
             joined => joined,
         };
+        // Where an earlier try's copies were found or a repair ran, each
+        // copy's thread as it is now: a repair may have moved them, or
+        // mended a thread named after a copy a racing try kept out.
+        let threads = if joined.is_some() || earlier.iter().any(Option::is_some) {
+            let ids: Vec<i64> = outcome
+                .copies
+                .iter()
+                .zip(&earlier)
+                .filter_map(|(c, e)| c.stored.as_ref().map(|s| s.id).or(e.as_ref().map(|e| e.id)))
+                .collect();
+            let db = self.store.db().await?;
+            store::messages::threads_of(&db, &ids).await?
+        } else {
+            Default::default()
+        };
+        let thread_now = |id: i64, planned: i64| threads.get(&id).copied().unwrap_or(planned);
         let mut first: Option<(MessageId, MessageId, DateTime<Utc>)> = None;
         let mut all_replayed = true;
         let mut errors = Vec::new();
@@ -346,13 +362,13 @@ impl Phone {
                     all_replayed = false;
                     Ok((
                         stored.id,
-                        joined.unwrap_or(stored.thread_id),
+                        thread_now(stored.id, joined.unwrap_or(stored.thread_id)),
                         stored.sent_at,
                     ))
                 }
                 (None, Some(e)) => {
                     if is_same_send(&e, target, &req, reply_to) {
-                        Ok((e.id, e.thread_id, e.sent_at))
+                        Ok((e.id, thread_now(e.id, e.thread_id), e.sent_at))
                     } else {
                         Err(PhoneError::IdempotencyConflict(
                             key.unwrap_or_default().to_owned(),
