@@ -69,6 +69,24 @@ async fn call_giving_up(
     }
 }
 
+/// Holds `messages` locked on `lock` until it commits: every mail
+/// statement waits meanwhile.
+async fn lock_messages(lock: &tokio_postgres::Client) {
+    lock.batch_execute("BEGIN; LOCK TABLE messages IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+}
+
+/// A poll through `app` whose caller gives up after a second while
+/// `messages` is locked: its statement still waits then.
+async fn poll_given_up_behind_the_lock(app: &TestApp, args: Value) {
+    let answer = call_giving_up(app, "phone_inbox", args, Duration::from_secs(1)).await;
+    assert!(
+        answer.is_none(),
+        "the poll should still wait for the lock: {answer:?}"
+    );
+}
+
 async fn send_five(c: &Client, from: &Agent, to: &str) {
     for i in 0..5 {
         ok(
@@ -93,20 +111,8 @@ async fn a_poll_whose_caller_left_leaves_its_mail_unread() {
     send_five(&c, &alice, "bob").await;
 
     let lock = app.db().await;
-    lock.batch_execute("BEGIN; LOCK TABLE messages IN ACCESS EXCLUSIVE MODE")
-        .await
-        .unwrap();
-    let answer = call_giving_up(
-        &app,
-        "phone_inbox",
-        bob.with(json!({"limit": 10})),
-        Duration::from_secs(1),
-    )
-    .await;
-    assert!(
-        answer.is_none(),
-        "the poll should still wait for the lock: {answer:?}"
-    );
+    lock_messages(&lock).await;
+    poll_given_up_behind_the_lock(&app, bob.with(json!({"limit": 10}))).await;
     lock.batch_execute("COMMIT").await.unwrap();
 
     // The poll's statement ran after the caller left; what it took is
@@ -248,20 +254,8 @@ async fn mail_given_back_wakes_the_inboxs_waiting_polls() {
     // A poll whose statement waits on a lock while its caller gives up:
     // it takes the mail for nobody and gives it back.
     let lock = app.db().await;
-    lock.batch_execute("BEGIN; LOCK TABLE messages IN ACCESS EXCLUSIVE MODE")
-        .await
-        .unwrap();
-    let answer = call_giving_up(
-        &app,
-        "phone_inbox",
-        bob.with(json!({"limit": 10})),
-        Duration::from_secs(1),
-    )
-    .await;
-    assert!(
-        answer.is_none(),
-        "the poll should wait for the lock: {answer:?}"
-    );
+    lock_messages(&lock).await;
+    poll_given_up_behind_the_lock(&app, bob.with(json!({"limit": 10}))).await;
     lock.batch_execute("COMMIT").await.unwrap();
     wait_until_settled(
         &db,
@@ -306,9 +300,7 @@ async fn a_poll_whose_caller_left_with_a_request_behind_it_while_it_ran_takes_no
     )
     .await;
     let lock = app.db().await;
-    lock.batch_execute("BEGIN; LOCK TABLE messages IN ACCESS EXCLUSIVE MODE")
-        .await
-        .unwrap();
+    lock_messages(&lock).await;
     let stream = poll_with_a_request_behind_it(&app, bob.with(json!({}))).await;
     wait_until(
         &db,
@@ -348,17 +340,12 @@ async fn a_lease_whose_caller_left_is_released() {
     send_five(&c, &alice, "bob").await;
 
     let lock = app.db().await;
-    lock.batch_execute("BEGIN; LOCK TABLE messages IN ACCESS EXCLUSIVE MODE")
-        .await
-        .unwrap();
-    let answer = call_giving_up(
+    lock_messages(&lock).await;
+    poll_given_up_behind_the_lock(
         &app,
-        "phone_inbox",
         bob.with(json!({"limit": 10, "mode": "lease", "lease_seconds": 600})),
-        Duration::from_secs(1),
     )
     .await;
-    assert!(answer.is_none(), "{answer:?}");
     lock.batch_execute("COMMIT").await.unwrap();
     wait_until_settled(
         &app.db().await,
@@ -439,9 +426,7 @@ async fn a_long_poll_ends_before_its_request_does() {
     let c = app.client().await;
     let bob = register(&c, "bob", "B", "p").await;
     let lock = app.db().await;
-    lock.batch_execute("BEGIN; LOCK TABLE messages IN ACCESS EXCLUSIVE MODE")
-        .await
-        .unwrap();
+    lock_messages(&lock).await;
     let polling = {
         let app_url = app.mcp_url();
         let args = bob.with(json!({"wait_seconds": 5}));
@@ -508,9 +493,7 @@ async fn a_give_back_that_fails_is_retried_until_it_lands() {
     refuse_give_backs(&db).await;
 
     let lock = app.db().await;
-    lock.batch_execute("BEGIN; LOCK TABLE messages IN ACCESS EXCLUSIVE MODE")
-        .await
-        .unwrap();
+    lock_messages(&lock).await;
     // The caller leaves once its poll waits on the lock (leaving at a fixed
     // time, a poll not yet begun on a loaded machine was dropped unrun, and
     // nothing was ever taken).
@@ -576,17 +559,8 @@ async fn a_poll_running_at_shutdown_gives_its_mail_back_before_exit() {
     send_five(&c, &alice, "bob").await;
 
     let lock = connect(&url).await;
-    lock.batch_execute("BEGIN; LOCK TABLE messages IN ACCESS EXCLUSIVE MODE")
-        .await
-        .unwrap();
-    let answer = call_giving_up(
-        &app,
-        "phone_inbox",
-        bob.with(json!({"limit": 10})),
-        Duration::from_secs(1),
-    )
-    .await;
-    assert!(answer.is_none(), "{answer:?}");
+    lock_messages(&lock).await;
+    poll_given_up_behind_the_lock(&app, bob.with(json!({"limit": 10}))).await;
     std::process::Command::new("kill")
         .args(["-TERM", &server.child.id().to_string()])
         .status()
