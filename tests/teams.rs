@@ -1171,3 +1171,54 @@ async fn boss_and_a_closed_recipient(c: &Client) -> (Agent, Agent, Agent) {
     set_policy(c, &late, "closed").await;
     (boss, a, late)
 }
+
+/// A retry refused where its first try, still in flight, was not (another
+/// send filled the hourly quota between the two): the first try stores the
+/// message, so the retry answers with it, not "not sent". The retry's
+/// statement cannot see the uncommitted copy; its answer waits for it.
+#[tokio::test]
+async fn a_retry_refused_while_its_first_try_is_in_flight_answers_with_that_try() {
+    let quota = [("PHONE_SEND_QUOTA_PER_HOUR", "1")];
+    let app = spawn_app_with(&quota).await;
+    let other = spawn_app_on(&app.database_url, &quota).await;
+    let (c, c2) = (app.client().await, other.client().await);
+    let boss = register(&c, "boss", "B", "team").await;
+    let a = register(&c, "a", "A", "team").await;
+    register(&c, "b", "B", "team").await;
+    let db = app.db().await;
+    // Seen just now: no send of boss writes its presence (and waits on its row).
+    db.execute("UPDATE agents SET last_seen_at = now() WHERE name = 'boss'", &[])
+        .await
+        .unwrap();
+    // The first try waits to record its new pair, which an insert not yet
+    // committed holds, after its statement's snapshot and its copy.
+    let lock = app.db().await;
+    lock.batch_execute(
+        "BEGIN;
+         INSERT INTO correspondents (sender_id, recipient_id)
+         SELECT s.id, r.id FROM agents s, agents r WHERE s.name = 'boss' AND r.name = 'a'",
+    )
+    .await
+    .unwrap();
+    let args = boss.with(json!({"to": "a", "body": "plan", "idempotency_key": "k1"}));
+    let first = send_in_background(&app, args.clone()).await;
+    sends_waiting_on_locks(&app, 1).await;
+    // Another send fills the hour's quota, through the other replica.
+    ok(&c2, "phone_send", boss.with(json!({"to": "b", "body": "other"}))).await;
+    let retry = tokio::spawn(async move { call(&c2, "phone_send", args).await });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    lock.batch_execute("ROLLBACK").await.unwrap();
+    let first = first.await.unwrap();
+    let retry = retry.await.unwrap();
+    assert_ne!(retry.is_error, Some(true), "{}", text(&retry));
+    let retry = retry.structured_content.clone().unwrap();
+    assert_eq!(
+        (&retry["id"], &retry["replayed"]),
+        (&first["id"], &json!(true)),
+        "{retry}"
+    );
+    let got = ok(&c, "phone_inbox", a.with(json!({}))).await;
+    assert_eq!(bodies(&got), ["plan"], "{got}");
+    app.stop().await;
+    other.stop().await;
+}

@@ -275,39 +275,13 @@ impl Phone {
             return Err(self.authentication_error(creds).await);
         };
         // Copies not stored under a key may be an earlier send's: a replay.
-        let mut earlier = vec![None; targets.len()];
-        if let Some(key) = key {
-            // Refused copies too: a retry of a send the key already stored
-            // replays it whatever would refuse a new send now (the
-            // recipient closed to the sender since, or the sender's share
-            // of the inbox is full with that very message). A caller whose
-            // answer was lost must hear "sent", or it sends again unkeyed.
-            let unstored: Vec<usize> = (0..targets.len())
-                .filter(|&i| outcome.copies[i].stored.is_none())
-                .collect();
-            if !unstored.is_empty() {
-                let keys: Vec<store::messages::CopyKey> = unstored
-                    .iter()
-                    .map(|&i| {
-                        let to = targets[i].name.as_str();
-                        store::messages::CopyKey {
-                            key: copy_key(key, to, targets.len()),
-                            other: other_copy_key(key, to, targets.len()),
-                            recipient: to,
-                        }
-                    })
-                    .collect();
-                let db = self.store.db().await?;
-                let found = store::messages::by_idempotency_keys(&db, me_id, &keys).await?;
-                for (i, found) in unstored.into_iter().zip(found) {
-                    // A refused copy stays refused unless it is a replay.
-                    earlier[i] = found.filter(|e| {
-                        outcome.copies[i].refusal.is_none()
-                            || is_same_send(e, &targets[i], &req, reply_to)
-                    });
-                }
+        let earlier = match key {
+            Some(key) => {
+                self.earlier_tries(me_id, key, &targets, &outcome, &req, reply_to)
+                    .await?
             }
-        }
+            None => vec![None; targets.len()],
+        };
         // A refused copy's replay of a group send's copy is only reported:
         // it may be a concurrent try's copy (stored after this statement's
         // snapshot), whose group that try mends itself; joining it here
@@ -415,6 +389,64 @@ impl Phone {
             replayed: all_replayed,
             copies: if group { copies } else { Vec::new() },
         })
+    }
+
+    /// For each copy this try did not store, what an earlier try with its
+    /// key stored, if that is this send.
+    ///
+    /// Refused copies too: a retry of a send the key already stored replays
+    /// it whatever would refuse a new send now (the recipient closed to the
+    /// sender since, or the sender's share of the inbox is full with that
+    /// very message). A caller whose answer was lost must hear "sent", or it
+    /// sends again unkeyed. A refused copy is first probed for a try still
+    /// in flight, which its statement's snapshot could not show (a retry
+    /// refused at the hourly quota that the first try, begun earlier,
+    /// passed): the probe waits for that try to commit, and only a copy it
+    /// meets is looked up.
+    async fn earlier_tries(
+        &self,
+        me_id: i64,
+        key: &str,
+        targets: &[Target],
+        outcome: &store::SendOutcome,
+        req: &SendRequest,
+        reply_to: Option<i64>,
+    ) -> Result<Vec<Option<store::messages::Earlier>>, PhoneError> {
+        let mut earlier = vec![None; targets.len()];
+        let unstored = (0..targets.len()).filter(|&i| outcome.copies[i].stored.is_none());
+        let (refused, mut look): (Vec<usize>, Vec<usize>) =
+            unstored.partition(|&i| outcome.copies[i].refusal.is_some());
+        if refused.is_empty() && look.is_empty() {
+            return Ok(earlier);
+        }
+        let key_of = |i: usize| {
+            let to = targets[i].name.as_str();
+            store::messages::CopyKey {
+                key: copy_key(key, to, targets.len()),
+                other: other_copy_key(key, to, targets.len()),
+                recipient: to,
+            }
+        };
+        let db = self.store.db().await?;
+        if !refused.is_empty() {
+            let probes: Vec<_> = refused.iter().map(|&i| key_of(i)).collect();
+            let met = store::messages::wait_for_copies_in_flight(&db, me_id, &probes)
+                .await
+                .map_err(|e| resend_hint(e.into(), Some(key)))?;
+            look.extend(refused.into_iter().zip(met).filter(|(_, met)| *met).map(|(i, _)| i));
+        }
+        if look.is_empty() {
+            return Ok(earlier);
+        }
+        let keys: Vec<_> = look.iter().map(|&i| key_of(i)).collect();
+        let found = store::messages::by_idempotency_keys(&db, me_id, &keys).await?;
+        for (i, found) in look.into_iter().zip(found) {
+            // A refused copy stays refused unless it is a replay.
+            earlier[i] = found.filter(|e| {
+                outcome.copies[i].refusal.is_none() || is_same_send(e, &targets[i], req, reply_to)
+            });
+        }
+        Ok(earlier)
     }
 
     /// A group send whose copies are partly new and partly an earlier

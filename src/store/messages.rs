@@ -221,6 +221,47 @@ pub async fn by_idempotency_keys(
         .collect())
 }
 
+/// A probe copy per key, kept out of the unread indexes, whose insert
+/// waits while a concurrent send's copy holding the key (in either form:
+/// `messages_idempotency_idx`, `messages_idempotency_copy_idx`) is not yet
+/// committed, and is not inserted if that copy was (or one was already).
+/// For each key in order, whether its probe met such a copy.
+const PROBE_COPIES: &str = "
+    WITH wanted AS (
+        SELECT k.n, r.id AS recipient_id, k.key
+        FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS k (key, recipient, n)
+        JOIN agents r ON r.name = k.recipient),
+    probed AS (
+        INSERT INTO messages (sender_id, recipient_id, body, thread_id, idempotency_key, read_at)
+        SELECT $1, recipient_id, '', 0, key, now() FROM wanted
+        ON CONFLICT DO NOTHING
+        RETURNING idempotency_key)
+    SELECT coalesce(w.key NOT IN (SELECT idempotency_key FROM probed), false)
+    FROM unnest($2::text[]) WITH ORDINALITY AS k (key, n)
+    LEFT JOIN wanted w ON w.n = k.n
+    ORDER BY k.n";
+
+/// Waits for the copies of `keys` that concurrent sends of `sender_id` are
+/// storing now, which no snapshot shows before they commit: a retry
+/// refused (at the hourly quota, say) while its first try, which was not,
+/// is still in flight must answer with that try's copy, not "not sent".
+/// The probes are rolled back. For each key, whether a copy was met (then
+/// look it up). A try between its snapshot and its insert is not seen.
+pub async fn wait_for_copies_in_flight(
+    db: &Client,
+    sender_id: i64,
+    keys: &[CopyKey<'_>],
+) -> Result<Vec<bool>, StoreError> {
+    let (wanted, recipients): (Vec<&str>, Vec<&str>) =
+        keys.iter().map(|k| (k.key.as_str(), k.recipient)).unzip();
+    db.rolled_back(async |db| {
+        let stmt = db.prepare_cached(PROBE_COPIES).await?;
+        let rows = db.query(&stmt, &[&sender_id, &wanted, &recipients]).await?;
+        Ok(rows.iter().map(|r| r.get::<_, bool>(0)).collect())
+    })
+    .await
+}
+
 /// Puts copies `ids` of a group send by `sender_id` into thread
 /// `thread_id` and group `group_id`, unless they are there already: those
 /// of the copies an earlier try of it stored (a retry racing that try,

@@ -377,6 +377,26 @@ impl Client {
         Ok(value)
     }
 
+    /// Runs `work` between `BEGIN` and `ROLLBACK`, whatever it returns: for
+    /// a probe whose effect is only what it waited for (an insert that
+    /// waits on a concurrent insert of the same unique key).
+    pub async fn rolled_back<T, F>(&self, work: F) -> Result<T, StoreError>
+    where
+        F: AsyncFnOnce(&Client) -> Result<T, StoreError>,
+    {
+        self.transaction
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.simple("BEGIN").await?;
+        let outcome = work(self).await;
+        // A connection already given up on is closed, which rolls back.
+        if !self.discard.load(std::sync::atomic::Ordering::Relaxed) {
+            self.simple("ROLLBACK").await?;
+        }
+        self.transaction
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        outcome
+    }
+
     /// Runs `work`, a change the caller is told is done: in a
     /// [`Client::transaction`] where the pool is guarded (so that it is
     /// acknowledged only where a standby holds it), else as it is (each
