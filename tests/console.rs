@@ -961,3 +961,136 @@ async fn a_group_send_names_the_other_recipients() {
     );
     app.stop().await;
 }
+
+/// Clients that send a form's headers and then nothing (an outsider's
+/// attack: five such connections made the console answer "busy" to
+/// everyone on the replica for as long as they kept reconnecting) hold no
+/// console slot: the gate takes a request only once its body is in.
+#[tokio::test]
+async fn forms_that_never_arrive_hold_no_console_slot() {
+    use tokio::io::AsyncWriteExt;
+    // Half of a pool of 4: two console requests at once.
+    let app = spawn_app_with(&[("PHONE_POOL_SIZE", "4")]).await;
+    let c = app.client().await;
+    let owner = register(&c, "owner", "O", "p").await;
+    let mut browser = Browser::signed_in(&app, &owner).await;
+    let mut stalled = Vec::new();
+    for _ in 0..6 {
+        let mut s = tokio::net::TcpStream::connect(app.addr).await.unwrap();
+        let head = format!(
+            "POST /console/compose HTTP/1.1\r\nHost: {}\r\nOrigin: http://{}\r\n\
+             Cookie: {}\r\nContent-Type: application/x-www-form-urlencoded\r\n\
+             Content-Length: 1000\r\n\r\nx",
+            app.addr,
+            app.addr,
+            browser.cookie_header()
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        stalled.push(s);
+    }
+    // The stalled requests are in (their bytes read) before the page's.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    for path in ["/console/inbox", "/console/outbox"] {
+        let page = browser.get(path).await;
+        assert_eq!(page.status, StatusCode::OK, "{path}: {}", page.body);
+    }
+    drop(stalled);
+    app.stop().await;
+}
+
+/// Wrong sign-ins over the limit are answered a second late; that second
+/// is spent outside the console's share of the replica, so a guesser slows
+/// itself, not the pages of everyone signed in (an outsider's attack: 30
+/// guesses at once made pages take 6 s). The page is answered while every
+/// guess still waits.
+#[tokio::test]
+async fn a_slowed_guesser_holds_no_console_slot() {
+    let app = spawn_app_with(&[("PHONE_POOL_SIZE", "4"), ("PHONE_AUTH_FAILURE_LIMIT", "1")])
+        .await;
+    let c = app.client().await;
+    let owner = register(&c, "owner", "O", "p").await;
+    let mut browser = Browser::signed_in(&app, &owner).await;
+    let wrong = "phn_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
+    let mut guesser = Browser::new(&app);
+    for _ in 0..2 {
+        guesser.sign_in("owner", wrong).await;
+    }
+    let form = guesser.get("/console/sign-in").await;
+    let csrf = form.field("csrf");
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let guesses: Vec<_> = (0..8)
+        .map(|_| {
+            let (http, base, cookie, csrf, done) = (
+                guesser.http.clone(),
+                guesser.base.clone(),
+                guesser.cookie_header(),
+                csrf.clone(),
+                done.clone(),
+            );
+            tokio::spawn(async move {
+                let answer = http
+                    .post(format!("{base}/console/sign-in"))
+                    .header(header::COOKIE, cookie)
+                    .header(header::ORIGIN, &base)
+                    .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+                    .body(format!("name=owner&token={wrong}&csrf={csrf}"))
+                    .send()
+                    .await
+                    .unwrap();
+                done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                answer.status()
+            })
+        })
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let page = browser.get("/console/inbox").await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    let answered_before = done.load(std::sync::atomic::Ordering::SeqCst);
+    for guess in guesses {
+        assert_eq!(guess.await.unwrap(), StatusCode::TOO_MANY_REQUESTS);
+    }
+    assert_eq!(
+        answered_before, 0,
+        "the page waited for {answered_before} slowed guesses to be answered"
+    );
+    app.stop().await;
+}
+
+/// A second session cookie of the console's name (planted by a page on
+/// another port of the same host, on a narrower path, which the browser
+/// sends first) is no session at all: the person is not made to write in
+/// a stranger's session.
+#[tokio::test]
+async fn two_session_cookies_are_no_session() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let mallory = register(&c, "mallory", "M", "p").await;
+    let alices = Browser::signed_in(&app, &alice).await;
+    let mallorys = Browser::signed_in(&app, &mallory).await;
+    let session = |b: &Browser| {
+        let (k, v) = b.cookies.iter().find(|(k, _)| k.contains("console")).unwrap();
+        format!("{k}={v}")
+    };
+    let planted = format!("{}; {}", session(&mallorys), session(&alices));
+    let answer = alices
+        .http
+        .get(format!("{}/console/compose", alices.base))
+        .header(header::COOKIE, planted)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::SEE_OTHER);
+    let page = answer.text().await.unwrap();
+    assert!(!page.contains("mallory"), "{page}");
+    // Each alone is its own session.
+    let answer = alices
+        .http
+        .get(format!("{}/console/compose", alices.base))
+        .header(header::COOKIE, session(&alices))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::OK);
+    app.stop().await;
+}

@@ -10,7 +10,9 @@ use std::{
     time::Duration,
 };
 
-use axum::{extract::Request, http::StatusCode, middleware::Next, response::Response};
+use axum::{
+    body::Body, extract::Request, http::StatusCode, middleware::Next, response::Response,
+};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::{guard, pages::problem};
@@ -63,12 +65,25 @@ impl Gate {
     }
 }
 
-/// The middleware: waits for the request's turn, or answers 503.
+/// The middleware: reads the request's body, then waits for the request's
+/// turn, or answers 503.
 pub async fn admit(gate: Arc<Gate>, req: Request, next: Next) -> Response {
-    // Stylesheet and icon touch no database.
-    if req.uri().path().contains("/assets/") {
+    // Stylesheet and icon touch no database; a sign-in costs what a tool
+    // call does (a token's look-up), and an over-the-limit one waits a
+    // second: in the gate, a guesser's waits held everyone's slots.
+    let path = req.uri().path();
+    if path.contains("/assets/") || path.ends_with("/sign-in") {
         return next.run(req).await;
     }
+    // The whole body first: a client that sends a form's headers and then
+    // nothing held a slot until the request timed out (five such
+    // connections made the console "busy" for everyone on the replica).
+    let (parts, body) = req.into_parts();
+    let body = match axum::body::to_bytes(body, usize::MAX).await {
+        Ok(bytes) => Body::from(bytes),
+        Err(e) => return unreadable(&e),
+    };
+    let req = Request::from_parts(parts, body);
     let session = guard::session_cookie(req.headers()).map(str::to_owned);
     match gate.enter(session.as_deref()).await {
         Some(_permits) => next.run(req).await,
@@ -77,5 +92,26 @@ pub async fn admit(gate: Arc<Gate>, req: Request, next: Next) -> Response {
             "Busy",
             "The console is busy on this server; reload the page in a moment.",
         ),
+    }
+}
+
+/// The page for a body that could not be read: over the server's limit
+/// (`PHONE_MAX_BODY_BYTES`), or broken off.
+fn unreadable(e: &axum::Error) -> Response {
+    // tower-http's limit (a body without Content-Length that grows past
+    // it; one that declares more is answered 413 before the console).
+    let too_long = e.to_string().contains("length limit");
+    if too_long {
+        problem(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "Too long",
+            "The form is larger than this server accepts. Go back (your browser keeps what you typed) and shorten the message: a body holds at most 64 KiB.",
+        )
+    } else {
+        problem(
+            StatusCode::BAD_REQUEST,
+            "Incomplete request",
+            "The form did not arrive whole; send it again.",
+        )
     }
 }

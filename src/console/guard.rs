@@ -198,16 +198,21 @@ fn with_headers(mut response: Response) -> Response {
     response
 }
 
-/// The value of cookie `name` in the request, if present.
+/// The value of cookie `name` in the request, if it came once and is not
+/// empty. Twice is none: on loopback another port's page can plant a
+/// second cookie of the name on a narrower path, which the browser sends
+/// first, and the person would act in a stranger's session.
 fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    headers
+    let mut values = headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(k, _)| *k == name)
-        .map(|(_, v)| v.trim())
+        .filter(|(k, _)| *k == name)
+        .map(|(_, v)| v.trim());
+    let value = values.next()?;
+    (values.next().is_none() && !value.is_empty()).then_some(value)
 }
 
 fn names(secure: bool) -> (&'static str, &'static str) {
