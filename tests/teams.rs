@@ -1222,3 +1222,50 @@ async fn a_retry_refused_while_its_first_try_is_in_flight_answers_with_that_try(
     app.stop().await;
     other.stop().await;
 }
+
+/// Retries of one send (one key, one text) that each add recipients cannot
+/// take a message past the 20 a send may list: an outsider's attack grew a
+/// group to 150 this way, and one member's reply to everyone then stored
+/// 150 copies on its quota. Past the limit, the copies a retry stores are
+/// a message of their own; each stays within 20.
+#[tokio::test]
+async fn retries_cannot_grow_a_message_past_twenty_recipients() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let x = register(&c, "x", "X", "team").await;
+    let mut members = Vec::new();
+    for n in 0..39 {
+        members.push(register(&c, &format!("m{n}"), "M", "team").await);
+    }
+    let names = |range: std::ops::Range<usize>| -> Vec<String> {
+        range.map(|n| format!("m{n}")).collect()
+    };
+    let send = |to: Vec<String>| x.with(json!({"to": to, "body": "plan", "idempotency_key": "k"}));
+    ok(&c, "phone_send", send(names(0..20))).await;
+    let mut grown = vec!["m0".to_owned()];
+    grown.extend(names(20..39));
+    let retry = ok(&c, "phone_send", send(grown)).await;
+    // m0's copy is replayed, the 19 others stored.
+    assert_eq!(retry["recipients"].as_array().unwrap().len(), 20, "{retry}");
+    let group_of = |name: &str| {
+        format!(
+            "SELECT count(*) FROM messages WHERE group_id = (
+                 SELECT m.group_id FROM messages m JOIN agents r ON r.id = m.recipient_id
+                 WHERE r.name = '{name}')"
+        )
+    };
+    assert_eq!(app.count(&group_of("m1")).await, 20);
+    assert_eq!(app.count(&group_of("m20")).await, 19);
+    let got = ok(&c, "phone_inbox", members[1].with(json!({}))).await;
+    let also_to = got["messages"][0]["also_to"].as_array().unwrap().len();
+    assert_eq!(also_to, 19, "{got}");
+    // A reply to everyone reaches the message's own parties only.
+    let all = ok(
+        &c,
+        "phone_send",
+        members[1].with(json!({"reply_to": got["messages"][0]["id"], "to": "*", "body": "ok"})),
+    )
+    .await;
+    assert_eq!(all["recipients"].as_array().unwrap().len(), 20, "{all}");
+    app.stop().await;
+}

@@ -491,38 +491,46 @@ impl Phone {
             }
             let mut ids = fresh;
             ids.push(earlier.id);
-            self.repair_group(me_id, ids, earlier.thread_id, earlier.id)
+            let joined = self
+                .repair_group(me_id, ids, (earlier.thread_id, earlier.id), RECIPIENTS_MAX)
                 .await?;
-            return Ok(Some(earlier.thread_id));
+            return Ok(joined.then_some(earlier.thread_id));
         };
         if fresh.is_empty() {
-            self.repair_group(me_id, Vec::new(), earlier.thread_id, group_id)
+            self.repair_group(me_id, Vec::new(), (earlier.thread_id, group_id), usize::MAX)
                 .await?;
             return Ok(None);
         }
-        self.repair_group(me_id, fresh, earlier.thread_id, group_id)
+        // A message reaches at most RECIPIENTS_MAX: retries that each add
+        // recipients grew one group to hundreds (an outsider's attack),
+        // and a reply to everyone on it then reached them all. Past the
+        // limit, the copies stored now are a message of their own.
+        let joined = self
+            .repair_group(me_id, fresh, (earlier.thread_id, group_id), RECIPIENTS_MAX)
             .await?;
-        Ok(Some(earlier.thread_id))
+        Ok(joined.then_some(earlier.thread_id))
     }
 
     /// Puts `ids` into `thread` and `group` and mends the group
     /// (`join_group`; with no ids, `heal_groups` alone), to the end even if
     /// the caller goes away meanwhile: the copies are committed, and a
-    /// group left half-repaired keeps them from search.
+    /// group left half-repaired keeps them from search. Not when the group
+    /// would then hold more than `members_max` copies (false).
     async fn repair_group(
         &self,
         me_id: i64,
         ids: Vec<i64>,
-        thread: i64,
-        group: i64,
-    ) -> Result<(), PhoneError> {
+        (thread, group): (i64, i64),
+        members_max: usize,
+    ) -> Result<bool, PhoneError> {
         let store = self.store.clone();
         let repair = self.store.run_detached(async move {
             // Unguarded: the copies are committed (and confirmed) already,
             // so "nothing was done" would be wrong; a group left half-mended
             // by a failover is mended by a retry of the send.
             let db = store.db().await?.unguarded();
-            let done = store::messages::join_group(&db, me_id, &ids, thread, group).await;
+            let done =
+                store::messages::join_group(&db, me_id, &ids, thread, group, members_max).await;
             if let Err(e) = &done {
                 // Heard by the caller if it is still there; logged in
                 // case it is not. A retry of the send mends the group.
@@ -573,13 +581,15 @@ impl Phone {
             if let Some(group) = stored.iter().find_map(|s| s.group_id)
                 && lost
             {
-                self.repair_group(me_id, Vec::new(), first, group).await?;
+                self.repair_group(me_id, Vec::new(), (first, group), usize::MAX)
+                    .await?;
             }
             return Ok(None);
         }
         let thread = reply_thread.unwrap_or(first);
         let ids: Vec<i64> = stored.iter().map(|s| s.id).collect();
-        self.repair_group(me_id, ids, thread, first).await?;
+        self.repair_group(me_id, ids, (thread, first), usize::MAX)
+            .await?;
         Ok(Some(thread))
     }
 

@@ -287,11 +287,12 @@ pub async fn join_group(
     ids: &[i64],
     thread_id: i64,
     group_id: i64,
-) -> Result<(), StoreError> {
+    members_max: usize,
+) -> Result<bool, StoreError> {
     let mut attempts = 0;
     loop {
         attempts += 1;
-        match join_group_once(db, sender_id, ids, thread_id, group_id).await {
+        match join_group_once(db, sender_id, ids, thread_id, group_id, members_max).await {
             Err(e) if e.is_conflict() && attempts < 3 => {
                 tracing::debug!(error = %e, group_id, "a group's repair conflicted; trying again");
             }
@@ -306,10 +307,28 @@ async fn join_group_once(
     ids: &[i64],
     thread_id: i64,
     group_id: i64,
-) -> Result<(), StoreError> {
+    members_max: usize,
+) -> Result<bool, StoreError> {
     db.transaction(async |db| {
         let lock = db.prepare_cached(LOCK_GROUP).await?;
         db.execute(&lock, &[&group_id]).await?;
+        // Counted under the group's lock: retries that add recipients one
+        // after another (or at once) cannot take it past the limit. The
+        // copies may be in it already (the send statement put them in the
+        // group of the earlier copies it found): then they leave it.
+        let count = db.prepare_cached(GROUP_WITH).await?;
+        let members: i64 = db
+            .query_one(&count, &[&group_id, &ids])
+            .await?
+            .get(0);
+        if !ids.is_empty() && members > i64::try_from(members_max).unwrap_or(i64::MAX) {
+            let leave = db.prepare_cached(LEAVE_GROUP).await?;
+            let row = db.query_one(&leave, &[&sender_id, &ids]).await?;
+            let mut groups = vec![group_id];
+            groups.extend(row.get::<_, Option<i64>>(0));
+            heal_groups(db, &groups).await?;
+            return Ok(false);
+        }
         let stmt = db
             .prepare_cached(
                 "WITH moved AS (
@@ -330,10 +349,27 @@ async fn join_group_once(
         heal_groups(db, &groups).await?;
         let mend = db.prepare_cached(MEND_THREADS).await?;
         db.execute(&mend, &[&groups, &thread_id]).await?;
-        Ok(())
+        Ok(true)
     })
     .await
 }
+
+/// Copies `$2` of sender `$1` as a message of their own: a group named
+/// after the lowest of them, none for one. The new group, if any.
+const LEAVE_GROUP: &str = "
+    WITH own AS (
+        SELECT CASE WHEN cardinality($2::bigint[]) > 1
+                    THEN (SELECT min(x) FROM unnest($2::bigint[]) x) END AS group_id),
+    left_group AS (
+        UPDATE messages m SET group_id = own.group_id FROM own
+        WHERE m.sender_id = $1 AND m.id = ANY ($2::bigint[])
+          AND m.group_id IS DISTINCT FROM own.group_id)
+    SELECT group_id FROM own";
+
+/// How many copies group `$1` would hold with copies `$2` in it.
+const GROUP_WITH: &str = "
+    SELECT count(*) FROM messages
+    WHERE group_id = $1 OR id = ANY ($2::bigint[]) OR id = $1";
 
 /// The threads of groups `$1` and thread `$2` that no message has the id
 /// of move to their lowest message. A group send's thread is named after
