@@ -1094,3 +1094,33 @@ async fn two_session_cookies_are_no_session() {
     assert_eq!(answer.status(), StatusCode::OK);
     app.stop().await;
 }
+
+/// A form over the server's body limit (40,000 CJK characters are over
+/// 300 KB once form-encoded) gets a console page that says what to do, with
+/// the console's headers, not the body limit's bare line of text.
+#[tokio::test]
+async fn a_form_over_the_body_limit_gets_a_page() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let owner = register(&c, "owner", "O", "p").await;
+    let mut browser = Browser::signed_in(&app, &owner).await;
+    let form = browser.get("/console/compose").await;
+    let csrf = form.field("csrf");
+    let body = "漢".repeat(40_000);
+    let page = browser
+        .post(
+            "/console/compose",
+            &[("to", "owner"), ("body", &body), ("csrf", &csrf)],
+        )
+        .await;
+    assert_eq!(page.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(page.body.contains("Too long") && page.body.contains("Go back"), "{}", page.body);
+    assert!(
+        page.headers
+            .get(header::CONTENT_SECURITY_POLICY)
+            .is_some(),
+        "{:?}",
+        page.headers
+    );
+    app.stop().await;
+}

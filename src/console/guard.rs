@@ -174,7 +174,7 @@ pub async fn check(rules: std::sync::Arc<Rules>, req: Request, next: Next) -> Re
     with_headers(next.run(req).await)
 }
 
-fn with_headers(mut response: Response) -> Response {
+pub fn with_headers(mut response: Response) -> Response {
     let headers = response.headers_mut();
     headers.insert(
         header::CONTENT_SECURITY_POLICY,

@@ -112,6 +112,21 @@ pub fn router(phone: Phone, settings: Settings, rules: Rules) -> Router {
         }))
 }
 
+/// The console's page for a form larger than the server takes
+/// (`PHONE_MAX_BODY_BYTES`), for the 413 the body limit answers before the
+/// console sees the request: a person pasting a long text gets a page that
+/// says what to do, not a bare line of text.
+pub fn too_large(max_body: usize) -> Response {
+    guard::with_headers(problem(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "Too long",
+        &format!(
+            "The form is larger than this server takes ({} KiB as sent, which counts each non-ASCII character several times). Go back (your browser keeps what you typed) and shorten the message: a body holds at most 64 KiB.",
+            max_body / 1024
+        ),
+    ))
+}
+
 /// The address rate limits count against (set by the HTTP layer).
 fn client_address(headers_ext: &axum::http::Extensions) -> String {
     headers_ext

@@ -102,7 +102,23 @@ pub fn router(settings: &Settings, phone: Phone) -> Router {
         }))
         // Outside rmcp and the envelope check, so that it sees the bytes
         // that go out and the request's future being dropped.
-        .layer(middleware::from_fn(handover::attach));
+        .layer(middleware::from_fn(handover::attach))
+        // A body declared larger than the limit is refused (413) before
+        // anything reads it; one that grows past it fails its read.
+        .layer(RequestBodyLimitLayer::new(max_body));
+    // The console's own limit, its 413 a page that says what to do (a
+    // person pasting a long text), not the limit's bare line of text.
+    let console = console
+        .layer(RequestBodyLimitLayer::new(max_body))
+        .layer(middleware::from_fn(
+            move |req: axum::extract::Request, next: middleware::Next| async move {
+                let response = next.run(req).await;
+                if response.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    return crate::console::too_large(max_body);
+                }
+                response
+            },
+        ));
     let plain = Router::new()
         .route("/health", get(health::health))
         .route("/health/live", get(health::live))
@@ -137,7 +153,6 @@ pub fn router(settings: &Settings, phone: Phone) -> Router {
             },
         ))
         .merge(plain)
-        .layer(RequestBodyLimitLayer::new(settings.max_body_bytes))
         .layer(TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
             settings.request_timeout,
