@@ -1256,6 +1256,10 @@ async fn retries_cannot_grow_a_message_past_twenty_recipients() {
     };
     assert_eq!(app.count(&group_of("m1")).await, 20);
     assert_eq!(app.count(&group_of("m20")).await, 19);
+    // In the thread the answer names, as the first copies are.
+    let split = ok(&c, "phone_inbox", members[20].with(json!({"peek": true}))).await;
+    assert_eq!(split["messages"][0]["thread_id"], retry["thread_id"], "{split} {retry}");
+    assert_eq!(split["messages"][0]["also_to"].as_array().unwrap().len(), 18, "{split}");
     let got = ok(&c, "phone_inbox", members[1].with(json!({}))).await;
     let also_to = got["messages"][0]["also_to"].as_array().unwrap().len();
     assert_eq!(also_to, 19, "{got}");
@@ -1267,5 +1271,51 @@ async fn retries_cannot_grow_a_message_past_twenty_recipients() {
     )
     .await;
     assert_eq!(all["recipients"].as_array().unwrap().len(), 20, "{all}");
+    app.stop().await;
+}
+
+/// A message found with more than 20 parties (a retry's copies joined it an
+/// instant before their repair moved them out: a reviewer's attack caught
+/// that window and replied to 77) is answered by name, not by "*".
+#[tokio::test]
+async fn a_reply_to_everyone_goes_to_at_most_twenty() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let x = register(&c, "x", "X", "team").await;
+    let mut members = Vec::new();
+    for n in 0..25 {
+        members.push(register(&c, &format!("m{n}"), "M", "team").await);
+    }
+    let to = |range: std::ops::Range<usize>| -> Vec<String> {
+        range.map(|n| format!("m{n}")).collect()
+    };
+    ok(&c, "phone_send", x.with(json!({"to": to(0..20), "body": "plan"}))).await;
+    ok(&c, "phone_send", x.with(json!({"to": to(20..25), "body": "plan"}))).await;
+    // The window, held open: the second message's copies in the first's group.
+    app.db()
+        .await
+        .execute(
+            "UPDATE messages SET group_id = (SELECT min(group_id) FROM messages)
+             WHERE group_id = (SELECT max(group_id) FROM messages)",
+            &[],
+        )
+        .await
+        .unwrap();
+    let got = ok(&c, "phone_inbox", members[1].with(json!({}))).await;
+    let id = got["messages"][0]["id"].clone();
+    let err = tool_err(
+        &c,
+        "phone_send",
+        members[1].with(json!({"reply_to": id, "to": "*", "body": "all"})),
+    )
+    .await;
+    assert!(err.contains("at most 20") && err.contains("25 parties"), "{err}");
+    let named = ok(
+        &c,
+        "phone_send",
+        members[1].with(json!({"reply_to": id, "to": ["x", "m2"], "body": "some"})),
+    )
+    .await;
+    assert_eq!(named["recipients"].as_array().unwrap().len(), 2, "{named}");
     app.stop().await;
 }

@@ -19,6 +19,9 @@ use super::{guard, pages::problem};
 
 /// Console requests of one session (its cookie) running at once.
 const PER_SESSION: usize = 2;
+/// The sign-in forms' routes, as the nested router sees them (exactly:
+/// `/messages/sign-in` is no sign-in).
+const SIGN_INS: [&str; 2] = ["/sign-in", "/operator/sign-in"];
 /// How long a request waits for its turn before "busy".
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -72,7 +75,7 @@ pub async fn admit(gate: Arc<Gate>, req: Request, next: Next) -> Response {
     // call does (a token's look-up), and an over-the-limit one waits a
     // second: in the gate, a guesser's waits held everyone's slots.
     let path = req.uri().path();
-    if path.contains("/assets/") || path.ends_with("/sign-in") {
+    if path.contains("/assets/") || SIGN_INS.contains(&path) {
         return next.run(req).await;
     }
     // The whole body first: a client that sends a form's headers and then

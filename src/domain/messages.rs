@@ -208,8 +208,10 @@ pub struct Acked {
     /// worker since), with the delivery the message is on now.
     pub stale: Vec<(AckRef, i32)>,
     /// Not acknowledged, for now (phone_inbox's `ack` only): their rows
-    /// were busy and the acknowledgement on its own failed; to be repeated.
-    pub pending: Vec<MessageId>,
+    /// were busy and the acknowledgement on its own failed; to be repeated,
+    /// as given: a receipt stays a receipt (its message's plain id would
+    /// acknowledge whatever delivery is current, another worker's).
+    pub pending: Vec<AckRef>,
 }
 
 impl Acked {
@@ -663,7 +665,7 @@ impl Phone {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, acks = undecided.len(), "acknowledgements left for the caller to repeat");
-                    acked.pending = undecided.iter().map(AckRef::message).collect();
+                    acked.pending = undecided;
                 }
             }
         }
@@ -906,6 +908,16 @@ fn taken_hint(err: PhoneError, req: InboxRequest) -> PhoneError {
 pub enum AckRef {
     Id(MessageId),
     Receipt(Receipt),
+}
+
+/// As the caller gave it: a message id, or a receipt.
+impl std::fmt::Display for AckRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Id(id) => id.fmt(f),
+            Self::Receipt(r) => r.fmt(f),
+        }
+    }
 }
 
 impl AckRef {

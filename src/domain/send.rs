@@ -398,11 +398,18 @@ impl Phone {
     /// it whatever would refuse a new send now (the recipient closed to the
     /// sender since, or the sender's share of the inbox is full with that
     /// very message). A caller whose answer was lost must hear "sent", or it
-    /// sends again unkeyed. A refused copy is first probed for a try still
-    /// in flight, which its statement's snapshot could not show (a retry
-    /// refused at the hourly quota that the first try, begun earlier,
-    /// passed): the probe waits for that try to commit, and only a copy it
-    /// meets is looked up.
+    /// sends again unkeyed.
+    ///
+    /// A copy refused for a full quota, share or inbox may have a try in
+    /// flight that its statement's snapshot could not show, which passed
+    /// where this one was refused (another send filled the quota between
+    /// the two). One such copy is probed first: the probe waits for that
+    /// try to commit (it stores all its copies in one statement), so the
+    /// look-up then finds them. One row, so that probes hold nothing while
+    /// they wait (refused group sends with one key in different orders
+    /// deadlocked each other's probes: a reviewer's attack) and a flood of
+    /// refusals writes one probe per call; none for a policy's refusal,
+    /// which a try begun an instant earlier meets too.
     async fn earlier_tries(
         &self,
         me_id: i64,
@@ -413,10 +420,10 @@ impl Phone {
         reply_to: Option<i64>,
     ) -> Result<Vec<Option<store::messages::Earlier>>, PhoneError> {
         let mut earlier = vec![None; targets.len()];
-        let unstored = (0..targets.len()).filter(|&i| outcome.copies[i].stored.is_none());
-        let (refused, mut look): (Vec<usize>, Vec<usize>) =
-            unstored.partition(|&i| outcome.copies[i].refusal.is_some());
-        if refused.is_empty() && look.is_empty() {
+        let unstored: Vec<usize> = (0..targets.len())
+            .filter(|&i| outcome.copies[i].stored.is_none())
+            .collect();
+        if unstored.is_empty() {
             return Ok(earlier);
         }
         let key_of = |i: usize| {
@@ -428,19 +435,20 @@ impl Phone {
             }
         };
         let db = self.store.db().await?;
-        if !refused.is_empty() {
-            let probes: Vec<_> = refused.iter().map(|&i| key_of(i)).collect();
-            let met = store::messages::wait_for_copies_in_flight(&db, me_id, &probes)
+        let at_capacity = unstored.iter().copied().find(|&i| {
+            outcome.copies[i]
+                .refusal
+                .as_deref()
+                .is_some_and(|r| r != "refused")
+        });
+        if let Some(i) = at_capacity {
+            store::messages::wait_for_a_copy_in_flight(&db, me_id, &key_of(i))
                 .await
                 .map_err(|e| resend_hint(e.into(), Some(key)))?;
-            look.extend(refused.into_iter().zip(met).filter(|(_, met)| *met).map(|(i, _)| i));
         }
-        if look.is_empty() {
-            return Ok(earlier);
-        }
-        let keys: Vec<_> = look.iter().map(|&i| key_of(i)).collect();
+        let keys: Vec<_> = unstored.iter().map(|&i| key_of(i)).collect();
         let found = store::messages::by_idempotency_keys(&db, me_id, &keys).await?;
-        for (i, found) in look.into_iter().zip(found) {
+        for (i, found) in unstored.into_iter().zip(found) {
             // A refused copy stays refused unless it is a replay.
             earlier[i] = found.filter(|e| {
                 outcome.copies[i].refusal.is_none() || is_same_send(e, &targets[i], req, reply_to)
@@ -504,11 +512,13 @@ impl Phone {
         // A message reaches at most RECIPIENTS_MAX: retries that each add
         // recipients grew one group to hundreds (an outsider's attack),
         // and a reply to everyone on it then reached them all. Past the
-        // limit, the copies stored now are a message of their own.
-        let joined = self
-            .repair_group(me_id, fresh, (earlier.thread_id, group_id), RECIPIENTS_MAX)
+        // limit, the copies stored now are a message of their own in the
+        // same thread.
+        // Joined or not, the copies are in the earlier copies' thread (the
+        // statement put them there).
+        self.repair_group(me_id, fresh, (earlier.thread_id, group_id), RECIPIENTS_MAX)
             .await?;
-        Ok(joined.then_some(earlier.thread_id))
+        Ok(Some(earlier.thread_id))
     }
 
     /// Puts `ids` into `thread` and `group` and mends the group
@@ -648,7 +658,22 @@ impl Phone {
         }
         let chosen: Vec<(i64, AgentName)> = match &req.to {
             Recipients::OtherParty => parties.into_iter().filter(|(id, _)| *id == other).collect(),
-            Recipients::Everyone => parties,
+            Recipients::Everyone => {
+                // A message reaches at most RECIPIENTS_MAX; one found with
+                // more (a retry's copies joined it an instant before their
+                // repair moves them out) is answered by name, not by all.
+                if parties.len() > RECIPIENTS_MAX {
+                    return Err(InvalidInput::new(
+                        "to",
+                        format!(
+                            "\"*\" would answer {} parties; a send goes to at most {RECIPIENTS_MAX}: name the ones to answer",
+                            parties.len()
+                        ),
+                    )
+                    .into());
+                }
+                parties
+            }
             Recipients::Names(names) => {
                 let mut chosen = Vec::new();
                 for name in names {

@@ -254,8 +254,8 @@ pub struct InboxAcks {
     /// Ids whose receipt was of a delivery that is over: the lease ended and
     /// the message was handed out again. Do not act on these again.
     pub stale: Vec<String>,
-    /// Ids not acknowledged for now (their rows were busy, and acknowledging
-    /// them alone failed): pass them again.
+    /// Ids and receipts not acknowledged for now (their rows were busy, and
+    /// acknowledging them alone failed): pass them again, as they are.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub pending: Vec<String>,
 }
@@ -271,7 +271,7 @@ impl From<mail::Acked> for InboxAcks {
                 .iter()
                 .map(|(r, _)| r.message().to_string())
                 .collect(),
-            pending: ids(a.pending),
+            pending: a.pending.iter().map(ToString::to_string).collect(),
         }
     }
 }

@@ -221,43 +221,31 @@ pub async fn by_idempotency_keys(
         .collect())
 }
 
-/// A probe copy per key, kept out of the unread indexes, whose insert
+/// A probe copy of a key, kept out of the unread indexes, whose insert
 /// waits while a concurrent send's copy holding the key (in either form:
 /// `messages_idempotency_idx`, `messages_idempotency_copy_idx`) is not yet
 /// committed, and is not inserted if that copy was (or one was already).
-/// For each key in order, whether its probe met such a copy.
-const PROBE_COPIES: &str = "
-    WITH wanted AS (
-        SELECT k.n, r.id AS recipient_id, k.key
-        FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS k (key, recipient, n)
-        JOIN agents r ON r.name = k.recipient),
-    probed AS (
-        INSERT INTO messages (sender_id, recipient_id, body, thread_id, idempotency_key, read_at)
-        SELECT $1, recipient_id, '', 0, key, now() FROM wanted
-        ON CONFLICT DO NOTHING
-        RETURNING idempotency_key)
-    SELECT coalesce(w.key NOT IN (SELECT idempotency_key FROM probed), false)
-    FROM unnest($2::text[]) WITH ORDINALITY AS k (key, n)
-    LEFT JOIN wanted w ON w.n = k.n
-    ORDER BY k.n";
+const PROBE_COPY: &str = "
+    INSERT INTO messages (sender_id, recipient_id, body, thread_id, idempotency_key, read_at)
+    SELECT $1, r.id, '', 0, $2, now() FROM agents r WHERE r.name = $3
+    ON CONFLICT DO NOTHING";
 
-/// Waits for the copies of `keys` that concurrent sends of `sender_id` are
-/// storing now, which no snapshot shows before they commit: a retry
-/// refused (at the hourly quota, say) while its first try, which was not,
-/// is still in flight must answer with that try's copy, not "not sent".
-/// The probes are rolled back. For each key, whether a copy was met (then
-/// look it up). A try between its snapshot and its insert is not seen.
-pub async fn wait_for_copies_in_flight(
+/// Waits for a copy of `key` that a concurrent send of `sender_id` is
+/// storing now, which no snapshot shows before it commits (a retry refused
+/// at the hourly quota while its first try, which was not, is still in
+/// flight must answer with that try's copy, not "not sent"). The probe is
+/// rolled back. A try between its statement's start and its insert is not
+/// waited for.
+pub async fn wait_for_a_copy_in_flight(
     db: &Client,
     sender_id: i64,
-    keys: &[CopyKey<'_>],
-) -> Result<Vec<bool>, StoreError> {
-    let (wanted, recipients): (Vec<&str>, Vec<&str>) =
-        keys.iter().map(|k| (k.key.as_str(), k.recipient)).unzip();
+    key: &CopyKey<'_>,
+) -> Result<(), StoreError> {
     db.rolled_back(async |db| {
-        let stmt = db.prepare_cached(PROBE_COPIES).await?;
-        let rows = db.query(&stmt, &[&sender_id, &wanted, &recipients]).await?;
-        Ok(rows.iter().map(|r| r.get::<_, bool>(0)).collect())
+        let stmt = db.prepare_cached(PROBE_COPY).await?;
+        db.execute(&stmt, &[&sender_id, &key.key, &key.recipient])
+            .await?;
+        Ok(())
     })
     .await
 }
@@ -686,9 +674,15 @@ static ACK: LazyLock<String> = LazyLock::new(|| {
                   FROM req r, me
                   WHERE m.id = r.id AND m.recipient_id = me.id
                     AND (r.delivery IS NULL OR m.delivery_count = r.delivery)
-                  RETURNING m.id)
+                  RETURNING m.id, m.delivery_count AS delivery)
+         -- Acknowledged by this receipt's delivery: the receipt of an
+         -- earlier one is stale, also once the later one is acknowledged
+         -- (the worker whose lease ended must not act on it again).
          SELECT r.ord, m.id IS NOT NULL AS found,
-                (m.acked_at IS NOT NULL OR r.id IN (SELECT id FROM acked)) AS acknowledged,
+                (EXISTS (SELECT 1 FROM acked a
+                         WHERE a.id = r.id AND (r.delivery IS NULL OR a.delivery = r.delivery))
+                 OR (m.acked_at IS NOT NULL
+                     AND (r.delivery IS NULL OR m.delivery_count = r.delivery))) AS acknowledged,
                 m.delivery_count AS current
          FROM me CROSS JOIN req r
          LEFT JOIN messages m ON m.id = r.id AND m.recipient_id = me.id

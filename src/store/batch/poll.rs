@@ -174,7 +174,8 @@ pub(super) const POLLERS: &str = "SELECT id, last_seen_at FROM me";
 /// the row does not wait for it. `acked` acknowledges the locked ones whose delivery
 /// is still the receipt's; already acknowledged rows take the update too,
 /// unchanged, so that one acknowledged since this statement's snapshot
-/// counts (as in `messages::ACK`). `ack_outcomes`: one row per request,
+/// counts (as in `messages::ACK`); a receipt of an earlier delivery is
+/// stale, also when a later one was acknowledged. `ack_outcomes`: one row per request,
 /// numbered from 1 within its poll. Primary key throughout.
 fn ack_ctes() -> String {
     "areq AS (
@@ -196,11 +197,16 @@ fn ack_ctes() -> String {
          WHERE m.id = ANY (ARRAY(SELECT id FROM ack_locked))
            AND m.id = r.id AND m.recipient_id = me.id
            AND (r.delivery IS NULL OR m.delivery_count = r.delivery)
-         RETURNING m.id),
+         RETURNING m.id, m.delivery_count AS delivery),
      ack_outcomes AS (
          SELECT r.ord, row_number() OVER (PARTITION BY r.ord ORDER BY r.n) AS n,
                 CASE WHEN m.id IS NULL THEN 'not_found'
-                     WHEN m.acked_at IS NOT NULL OR r.id IN (SELECT id FROM acked) THEN 'acknowledged'
+                     WHEN EXISTS (SELECT 1 FROM acked a
+                                  WHERE a.id = r.id
+                                    AND (r.delivery IS NULL OR a.delivery = r.delivery))
+                          OR (m.acked_at IS NOT NULL
+                              AND (r.delivery IS NULL OR m.delivery_count = r.delivery))
+                     THEN 'acknowledged'
                      WHEN r.id NOT IN (SELECT id FROM ack_locked) THEN 'locked'
                      ELSE 'stale' END AS state,
                 m.delivery_count AS current
