@@ -10,6 +10,9 @@ use crate::store::{self, Addressee, QueuedSend, copy_key, other_copy_key};
 
 /// Recipients of one send, at most this many.
 pub const RECIPIENTS_MAX: usize = 20;
+/// The statement's refusal by the recipient's policy, a block or a
+/// suspension (the others are capacity: quotas, shares, a full inbox).
+const POLICY_REFUSAL: &str = "refused";
 /// The longest lifetime a message may be given: 30 days.
 pub const EXPIRES_IN_MAX: u32 = 30 * 24 * 3600;
 /// What `to` says for "everyone in the conversation" (with `reply_to`):
@@ -439,7 +442,7 @@ impl Phone {
             outcome.copies[i]
                 .refusal
                 .as_deref()
-                .is_some_and(|r| r != "refused")
+                .is_some_and(|r| r != POLICY_REFUSAL)
         });
         if let Some(i) = at_capacity {
             store::messages::wait_for_a_copy_in_flight(&db, me_id, &key_of(i))
@@ -512,10 +515,9 @@ impl Phone {
         // A message reaches at most RECIPIENTS_MAX: retries that each add
         // recipients grew one group to hundreds (an outsider's attack),
         // and a reply to everyone on it then reached them all. Past the
-        // limit, the copies stored now are a message of their own in the
-        // same thread.
-        // Joined or not, the copies are in the earlier copies' thread (the
-        // statement put them there).
+        // limit, the copies stored now are a message of their own; joined
+        // or not, they are in the earlier copies' thread (the statement
+        // put them there).
         self.repair_group(me_id, fresh, (earlier.thread_id, group_id), RECIPIENTS_MAX)
             .await?;
         Ok(Some(earlier.thread_id))
