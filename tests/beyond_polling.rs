@@ -1126,7 +1126,12 @@ async fn a_stale_receipt_stays_stale_after_the_next_delivery_is_acknowledged() {
     for body in ["one", "two"] {
         let (id, old) = sent_and_leased(&c, &alice, &bob, body).await;
         expire_leases(&app).await;
-        let again = ok(&c, "phone_inbox", bob.with(json!({"mode": "lease", "limit": 1}))).await;
+        let again = ok(
+            &c,
+            "phone_inbox",
+            bob.with(json!({"mode": "lease", "limit": 1})),
+        )
+        .await;
         let new = again["messages"][0]["receipt"].as_str().unwrap().to_owned();
         let acked = ok(&c, "phone_ack", bob.with(json!({"ids": [new]}))).await;
         assert_eq!(acked["acknowledged"], json!([id]), "{acked}");
@@ -1174,8 +1179,16 @@ async fn pending_acknowledgements_come_back_as_the_receipts_given() {
     assert_eq!(polled["acks"]["pending"], json!([receipt]), "{polled}");
     // Passed again after the lease went to another worker, it is stale.
     expire_leases(&app).await;
-    ok(&c, "phone_inbox", bob.with(json!({"mode": "lease", "limit": 1}))).await;
+    ok(
+        &c,
+        "phone_inbox",
+        bob.with(json!({"mode": "lease", "limit": 1})),
+    )
+    .await;
     let err = tool_err(&c, "phone_ack", bob.with(json!({"ids": [receipt]}))).await;
-    assert!(err.contains("handed to another worker") && err.contains(&id), "{err}");
+    assert!(
+        err.contains("handed to another worker") && err.contains(&id),
+        "{err}"
+    );
     app.stop().await;
 }

@@ -653,3 +653,43 @@ async fn two_channels_of_one_agent_announce_a_message_once_between_them() {
     let _ = a.close().await;
     let _ = b.close().await;
 }
+
+/// A stranger's hundred unread fill every look (the oldest hundred): a
+/// colleague's message after them is still announced (an outsider's
+/// attack: the channel said nothing for the rest of the flood).
+#[tokio::test]
+async fn a_flood_of_a_hundred_cannot_hide_later_mail_from_the_channel() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let stranger = register(&c, "stranger", "floods", "x").await;
+    let boss = register(&c, "boss", "writes", "p").await;
+    let bob = register(&c, "bob", "receives", "q").await;
+    futures_util::future::join_all((0..100).map(|i| {
+        ok(
+            &c,
+            "phone_send",
+            stranger.with(json!({"to": "bob", "body": format!("spam {i}")})),
+        )
+    }))
+    .await;
+    let state = TempDir::new();
+    let url = app.url("");
+    let mut channel = start(&env_for(&url, &bob.token, &state.0)).await;
+    let flood = channel.drain(Duration::from_secs(3)).await;
+    assert!(!flood.is_empty(), "the flood is announced");
+    let sent = ok(
+        &c,
+        "phone_send",
+        boss.with(json!({"to": "bob", "subject": "URGENT rollback", "body": "now"})),
+    )
+    .await;
+    let later = channel.drain(Duration::from_secs(8)).await;
+    assert!(
+        later.iter().any(|e| e.meta["message_id"] == sent["id"]
+            || (e.meta["kind"] == "summary" && e.content.contains("boss"))),
+        "the colleague's message is announced: {later:#?}; stderr: {}",
+        channel.stderr()
+    );
+    let (_, lines, _) = channel.close().await;
+    assert_protocol_only(&lines);
+}

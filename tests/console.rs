@@ -1005,8 +1005,7 @@ async fn forms_that_never_arrive_hold_no_console_slot() {
 /// guess still waits.
 #[tokio::test]
 async fn a_slowed_guesser_holds_no_console_slot() {
-    let app = spawn_app_with(&[("PHONE_POOL_SIZE", "4"), ("PHONE_AUTH_FAILURE_LIMIT", "1")])
-        .await;
+    let app = spawn_app_with(&[("PHONE_POOL_SIZE", "4"), ("PHONE_AUTH_FAILURE_LIMIT", "1")]).await;
     let c = app.client().await;
     let owner = register(&c, "owner", "O", "p").await;
     let mut browser = Browser::signed_in(&app, &owner).await;
@@ -1069,7 +1068,11 @@ async fn two_session_cookies_are_no_session() {
     let alices = Browser::signed_in(&app, &alice).await;
     let mallorys = Browser::signed_in(&app, &mallory).await;
     let session = |b: &Browser| {
-        let (k, v) = b.cookies.iter().find(|(k, _)| k.contains("console")).unwrap();
+        let (k, v) = b
+            .cookies
+            .iter()
+            .find(|(k, _)| k.contains("console"))
+            .unwrap();
         format!("{k}={v}")
     };
     let planted = format!("{}; {}", session(&mallorys), session(&alices));
@@ -1114,11 +1117,13 @@ async fn a_form_over_the_body_limit_gets_a_page() {
         )
         .await;
     assert_eq!(page.status, StatusCode::PAYLOAD_TOO_LARGE);
-    assert!(page.body.contains("Too long") && page.body.contains("Go back"), "{}", page.body);
     assert!(
-        page.headers
-            .get(header::CONTENT_SECURITY_POLICY)
-            .is_some(),
+        page.body.contains("Too long") && page.body.contains("Go back"),
+        "{}",
+        page.body
+    );
+    assert!(
+        page.headers.get(header::CONTENT_SECURITY_POLICY).is_some(),
         "{:?}",
         page.headers
     );

@@ -715,3 +715,66 @@ async fn a_slow_server_does_not_outlast_the_session_start_timeout() {
     // A bound far above the deadline, only against a hang.
     assert!(took < Duration::from_secs(60), "took {took:?}");
 }
+
+/// A stranger's hundred unread fill every peek (the oldest hundred): a
+/// colleague's message after them must still stop the agent (an outsider's
+/// attack: the Stop hook said nothing, the agent stopped with it unread).
+#[tokio::test]
+async fn a_flood_of_a_hundred_cannot_hide_later_mail_from_the_stop_hook() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let stranger = register(&c, "stranger", "floods", "x").await;
+    let boss = register(&c, "boss", "writes", "p").await;
+    let bob = register(&c, "bob", "receives", "p").await;
+    futures_util::future::join_all((0..100).map(|i| {
+        ok(
+            &c,
+            "phone_send",
+            stranger.with(json!({"to": "bob", "body": format!("spam {i}")})),
+        )
+    }))
+    .await;
+    let state = state_dir();
+    let first = run_hook(
+        &["claude-stop"],
+        &app.url(""),
+        &bob.token,
+        &state,
+        stop_input("s", false),
+    )
+    .await;
+    first.reason("the stop hook blocks for the flood");
+    let quiet = run_hook(
+        &["claude-stop"],
+        &app.url(""),
+        &bob.token,
+        &state,
+        stop_input("s", false),
+    )
+    .await;
+    assert!(quiet.decision().is_none(), "told once: {}", quiet.stdout);
+    ok(
+        &c,
+        "phone_send",
+        boss.with(json!({"to": "bob", "subject": "URGENT rollback", "body": "now"})),
+    )
+    .await;
+    let again = run_hook(
+        &["claude-stop"],
+        &app.url(""),
+        &bob.token,
+        &state,
+        stop_input("s", false),
+    )
+    .await;
+    let reason = again.reason("the stop hook blocks for the colleague's message");
+    assert!(reason.contains("from boss"), "{reason}");
+    // A peek only: everything is still unread.
+    let polled = ok(
+        &c,
+        "phone_inbox",
+        bob.with(json!({"peek": true, "limit": 100})),
+    )
+    .await;
+    assert_eq!(polled["messages"].as_array().unwrap().len(), 100);
+}

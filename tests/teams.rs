@@ -1187,9 +1187,12 @@ async fn a_retry_refused_while_its_first_try_is_in_flight_answers_with_that_try(
     register(&c, "b", "B", "team").await;
     let db = app.db().await;
     // Seen just now: no send of boss writes its presence (and waits on its row).
-    db.execute("UPDATE agents SET last_seen_at = now() WHERE name = 'boss'", &[])
-        .await
-        .unwrap();
+    db.execute(
+        "UPDATE agents SET last_seen_at = now() WHERE name = 'boss'",
+        &[],
+    )
+    .await
+    .unwrap();
     // The first try waits to record its new pair, which an insert not yet
     // committed holds, after its statement's snapshot and its copy.
     let lock = app.db().await;
@@ -1204,7 +1207,12 @@ async fn a_retry_refused_while_its_first_try_is_in_flight_answers_with_that_try(
     let first = send_in_background(&app, args.clone()).await;
     sends_waiting_on_locks(&app, 1).await;
     // Another send fills the hour's quota, through the other replica.
-    ok(&c2, "phone_send", boss.with(json!({"to": "b", "body": "other"}))).await;
+    ok(
+        &c2,
+        "phone_send",
+        boss.with(json!({"to": "b", "body": "other"})),
+    )
+    .await;
     let retry = tokio::spawn(async move { call(&c2, "phone_send", args).await });
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     lock.batch_execute("ROLLBACK").await.unwrap();
@@ -1237,9 +1245,8 @@ async fn retries_cannot_grow_a_message_past_twenty_recipients() {
     for n in 0..39 {
         members.push(register(&c, &format!("m{n}"), "M", "team").await);
     }
-    let names = |range: std::ops::Range<usize>| -> Vec<String> {
-        range.map(|n| format!("m{n}")).collect()
-    };
+    let names =
+        |range: std::ops::Range<usize>| -> Vec<String> { range.map(|n| format!("m{n}")).collect() };
     let send = |to: Vec<String>| x.with(json!({"to": to, "body": "plan", "idempotency_key": "k"}));
     ok(&c, "phone_send", send(names(0..20))).await;
     let mut grown = vec!["m0".to_owned()];
@@ -1258,8 +1265,15 @@ async fn retries_cannot_grow_a_message_past_twenty_recipients() {
     assert_eq!(app.count(&group_of("m20")).await, 19);
     // In the thread the answer names, as the first copies are.
     let split = ok(&c, "phone_inbox", members[20].with(json!({"peek": true}))).await;
-    assert_eq!(split["messages"][0]["thread_id"], retry["thread_id"], "{split} {retry}");
-    assert_eq!(split["messages"][0]["also_to"].as_array().unwrap().len(), 18, "{split}");
+    assert_eq!(
+        split["messages"][0]["thread_id"], retry["thread_id"],
+        "{split} {retry}"
+    );
+    assert_eq!(
+        split["messages"][0]["also_to"].as_array().unwrap().len(),
+        18,
+        "{split}"
+    );
     let got = ok(&c, "phone_inbox", members[1].with(json!({}))).await;
     let also_to = got["messages"][0]["also_to"].as_array().unwrap().len();
     assert_eq!(also_to, 19, "{got}");
@@ -1286,11 +1300,20 @@ async fn a_reply_to_everyone_goes_to_at_most_twenty() {
     for n in 0..25 {
         members.push(register(&c, &format!("m{n}"), "M", "team").await);
     }
-    let to = |range: std::ops::Range<usize>| -> Vec<String> {
-        range.map(|n| format!("m{n}")).collect()
-    };
-    ok(&c, "phone_send", x.with(json!({"to": to(0..20), "body": "plan"}))).await;
-    ok(&c, "phone_send", x.with(json!({"to": to(20..25), "body": "plan"}))).await;
+    let to =
+        |range: std::ops::Range<usize>| -> Vec<String> { range.map(|n| format!("m{n}")).collect() };
+    ok(
+        &c,
+        "phone_send",
+        x.with(json!({"to": to(0..20), "body": "plan"})),
+    )
+    .await;
+    ok(
+        &c,
+        "phone_send",
+        x.with(json!({"to": to(20..25), "body": "plan"})),
+    )
+    .await;
     // The window, held open: the second message's copies in the first's group.
     app.db()
         .await
@@ -1309,7 +1332,10 @@ async fn a_reply_to_everyone_goes_to_at_most_twenty() {
         members[1].with(json!({"reply_to": id, "to": "*", "body": "all"})),
     )
     .await;
-    assert!(err.contains("at most 20") && err.contains("25 parties"), "{err}");
+    assert!(
+        err.contains("at most 20") && err.contains("25 parties"),
+        "{err}"
+    );
     let named = ok(
         &c,
         "phone_send",

@@ -156,18 +156,7 @@ fn quoted(text: &str, max: usize) -> String {
 /// `.`, `:` (a well-behaved server sends nothing else; anything else is
 /// replaced, so a hostile server cannot smuggle text through it).
 fn token(text: &str) -> String {
-    let t: String = text
-        .chars()
-        .take(64)
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':' | '+') {
-                c
-            } else {
-                '?'
-            }
-        })
-        .collect();
-    if t.is_empty() { "?".to_owned() } else { t }
+    crate::remote::shown_token(text)
 }
 
 #[cfg(test)]

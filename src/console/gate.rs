@@ -10,9 +10,7 @@ use std::{
     time::Duration,
 };
 
-use axum::{
-    body::Body, extract::Request, http::StatusCode, middleware::Next, response::Response,
-};
+use axum::{body::Body, extract::Request, http::StatusCode, middleware::Next, response::Response};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::{guard, pages::problem};

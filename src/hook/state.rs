@@ -32,8 +32,13 @@ impl Memory {
         })
     }
 
-    /// The ids blocked for last time; empty when unknown or unreadable.
+    /// The ids blocked for last time; empty when unknown or unreadable, or
+    /// kept in a folder other users can write (their ids would silence it).
     pub fn load(&self) -> BTreeSet<String> {
+        let dir = self.file.parent().unwrap_or(self.file.as_path());
+        if crate::remote::private_dir(dir).is_err() {
+            return BTreeSet::new();
+        }
         std::fs::read(&self.file)
             .ok()
             .and_then(|bytes| serde_json::from_slice(&bytes).ok())
