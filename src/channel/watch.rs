@@ -73,48 +73,6 @@ struct InboxOut {
     unread_remaining: i64,
 }
 
-/// How many of the newest messages a full look is followed by.
-const NEWEST_LOOK: usize = 20;
-
-#[derive(Deserialize)]
-struct Recent {
-    messages: Vec<RecentBrief>,
-}
-
-#[derive(Deserialize)]
-struct RecentBrief {
-    #[serde(flatten)]
-    brief: Brief,
-    #[serde(default)]
-    read_at: Option<String>,
-    #[serde(default)]
-    dead_at: Option<String>,
-    #[serde(default)]
-    lease_expires_at: Option<String>,
-}
-
-/// Of the newest [`NEWEST_LOOK`] messages, read or not (`include_read`
-/// marks nothing), those still waiting, oldest first.
-async fn newest_unread(connection: &Connection) -> Result<Vec<Brief>, RemoteError> {
-    let out = connection
-        .call(
-            "phone_inbox",
-            json!({"include_read": true, "limit": NEWEST_LOOK}),
-            Duration::ZERO,
-        )
-        .await?;
-    let recent: Recent =
-        serde_json::from_value(out).map_err(|e| RemoteError::Protocol(e.to_string()))?;
-    let mut waiting: Vec<Brief> = recent
-        .messages
-        .into_iter()
-        .filter(|m| m.read_at.is_none() && m.dead_at.is_none() && m.lease_expires_at.is_none())
-        .map(|m| m.brief)
-        .collect();
-    waiting.reverse();
-    Ok(waiting)
-}
-
 /// What was announced: the file shared by the agent's channels, or, when
 /// there is no place for it, this process's own memory; and when.
 struct Announced {
@@ -292,7 +250,7 @@ async fn look(
     // the channel said nothing more (an outsider's attack). The newest
     // messages still waiting are looked at too.
     if inbox.messages.len() >= PEEK_LIMIT {
-        let newest = newest_unread(connection).await.map_err(|e| match e {
+        let newest: Vec<Brief> = connection.newest_waiting().await.map_err(|e| match e {
             RemoteError::Unauthorized(c) => Ended::Stop(Stop::TokenRefused(c)),
             other => Ended::Trouble(format!("cannot look at the inbox: {other}")),
         })?;

@@ -55,60 +55,12 @@ async fn peek(client: &Connection, wait_secs: u64) -> Result<InboxOut, RemoteErr
     if out.messages.len() >= PEEK_LIMIT as usize {
         // First: the summary names a few, and these are the ones a flood
         // would leave among "and 96 more".
-        let mut newest: Vec<Brief> = newest_unread(client)
-            .await?
-            .into_iter()
-            .filter(|m| !out.messages.iter().any(|o| o.id == m.id))
-            .collect();
+        let mut newest: Vec<Brief> = client.newest_waiting().await?;
+        newest.retain(|m| !out.messages.iter().any(|o| o.id == m.id));
         newest.append(&mut out.messages);
         out.messages = newest;
     }
     Ok(out)
-}
-
-/// How many of the newest messages a full peek is followed by.
-const NEWEST_LOOK: usize = 20;
-
-#[derive(Deserialize)]
-struct Recent {
-    messages: Vec<RecentBrief>,
-}
-
-#[derive(Deserialize)]
-struct RecentBrief {
-    #[serde(flatten)]
-    brief: Brief,
-    #[serde(default)]
-    read_at: Option<String>,
-    #[serde(default)]
-    dead_at: Option<String>,
-    #[serde(default)]
-    lease_expires_at: Option<String>,
-}
-
-/// Unread mail a full peek (the oldest [`PEEK_LIMIT`]) cannot reach: of the
-/// newest [`NEWEST_LOOK`] messages, read or not (`include_read` marks
-/// nothing), those still waiting, oldest first. A stranger's hundred
-/// unread held every later message out of the peek, a colleague's too (an
-/// outsider's attack), and the hook told the agent nothing of it.
-async fn newest_unread(client: &Connection) -> Result<Vec<Brief>, RemoteError> {
-    let out = client
-        .call(
-            "phone_inbox",
-            json!({"include_read": true, "limit": NEWEST_LOOK}),
-            Duration::ZERO,
-        )
-        .await?;
-    let recent: Recent =
-        serde_json::from_value(out).map_err(|e| RemoteError::Protocol(e.to_string()))?;
-    let mut waiting: Vec<Brief> = recent
-        .messages
-        .into_iter()
-        .filter(|m| m.read_at.is_none() && m.dead_at.is_none() && m.lease_expires_at.is_none())
-        .map(|m| m.brief)
-        .collect();
-    waiting.reverse();
-    Ok(waiting)
 }
 
 /// Unread mail; with `wait`, first waits up to that long for mail that is not
