@@ -664,14 +664,7 @@ async fn a_flood_of_a_hundred_cannot_hide_later_mail_from_the_channel() {
     let stranger = register(&c, "stranger", "floods", "x").await;
     let boss = register(&c, "boss", "writes", "p").await;
     let bob = register(&c, "bob", "receives", "q").await;
-    futures_util::future::join_all((0..100).map(|i| {
-        ok(
-            &c,
-            "phone_send",
-            stranger.with(json!({"to": "bob", "body": format!("spam {i}")})),
-        )
-    }))
-    .await;
+    flood(&c, &stranger, "bob", 100).await;
     let state = TempDir::new();
     let url = app.url("");
     let mut channel = start(&env_for(&url, &bob.token, &state.0)).await;

@@ -726,32 +726,21 @@ async fn a_flood_of_a_hundred_cannot_hide_later_mail_from_the_stop_hook() {
     let stranger = register(&c, "stranger", "floods", "x").await;
     let boss = register(&c, "boss", "writes", "p").await;
     let bob = register(&c, "bob", "receives", "p").await;
-    futures_util::future::join_all((0..100).map(|i| {
-        ok(
-            &c,
-            "phone_send",
-            stranger.with(json!({"to": "bob", "body": format!("spam {i}")})),
-        )
-    }))
-    .await;
+    flood(&c, &stranger, "bob", 100).await;
     let state = state_dir();
-    let first = run_hook(
-        &["claude-stop"],
-        &app.url(""),
-        &bob.token,
-        &state,
-        stop_input("s", false),
-    )
-    .await;
+    let url = app.url("");
+    let stop = || {
+        run_hook(
+            &["claude-stop"],
+            &url,
+            &bob.token,
+            &state,
+            stop_input("s", false),
+        )
+    };
+    let first = stop().await;
     first.reason("the stop hook blocks for the flood");
-    let quiet = run_hook(
-        &["claude-stop"],
-        &app.url(""),
-        &bob.token,
-        &state,
-        stop_input("s", false),
-    )
-    .await;
+    let quiet = stop().await;
     assert!(quiet.decision().is_none(), "told once: {}", quiet.stdout);
     ok(
         &c,
@@ -759,14 +748,7 @@ async fn a_flood_of_a_hundred_cannot_hide_later_mail_from_the_stop_hook() {
         boss.with(json!({"to": "bob", "subject": "URGENT rollback", "body": "now"})),
     )
     .await;
-    let again = run_hook(
-        &["claude-stop"],
-        &app.url(""),
-        &bob.token,
-        &state,
-        stop_input("s", false),
-    )
-    .await;
+    let again = stop().await;
     let reason = again.reason("the stop hook blocks for the colleague's message");
     assert!(reason.contains("from boss"), "{reason}");
     // A peek only: everything is still unread.

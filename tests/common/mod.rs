@@ -496,6 +496,19 @@ pub async fn send_held_by_a_row_lock(
     (lock, sending)
 }
 
+/// `n` messages from `sender` to `to` at once ("spam 0" …), a stranger's
+/// flood: each must be stored.
+pub async fn flood(client: &Client, sender: &Agent, to: &str, n: usize) {
+    futures_util::future::join_all((0..n).map(|i| {
+        ok(
+            client,
+            "phone_send",
+            sender.with(json!({"to": to, "body": format!("spam {i}")})),
+        )
+    }))
+    .await;
+}
+
 /// `phone_send` with `args` through `app`, answered in a task.
 pub async fn send_in_background(app: &TestApp, args: Value) -> tokio::task::JoinHandle<Value> {
     let c = app.client().await;
