@@ -1127,5 +1127,30 @@ async fn a_form_over_the_body_limit_gets_a_page() {
         "{:?}",
         page.headers
     );
+    // The same form sent in chunks, its length undeclared: the same page.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(app.addr).await.unwrap();
+    let head = format!(
+        "POST /console/compose HTTP/1.1\r\nHost: {}\r\nOrigin: http://{}\r\nCookie: {}\r\n\
+         Content-Type: application/x-www-form-urlencoded\r\nTransfer-Encoding: chunked\r\n\
+         Connection: close\r\n\r\n",
+        app.addr,
+        app.addr,
+        browser.cookie_header()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    let chunk = "x".repeat(16 * 1024);
+    for _ in 0..40 {
+        let framed = format!("{:x}\r\n{chunk}\r\n", chunk.len());
+        if s.write_all(framed.as_bytes()).await.is_err() {
+            break;
+        }
+    }
+    let _ = s.write_all(b"0\r\n\r\n").await;
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("Too long"), "{answer}");
     app.stop().await;
 }

@@ -10,7 +10,13 @@ use std::{
     time::Duration,
 };
 
-use axum::{body::Body, extract::Request, http::StatusCode, middleware::Next, response::Response};
+use axum::{
+    body::Body,
+    extract::Request,
+    http::StatusCode,
+    middleware::Next,
+    response::{IntoResponse as _, Response},
+};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::{guard, pages::problem};
@@ -96,23 +102,17 @@ pub async fn admit(gate: Arc<Gate>, req: Request, next: Next) -> Response {
     }
 }
 
-/// The page for a body that could not be read: over the server's limit
-/// (`PHONE_MAX_BODY_BYTES`), or broken off.
+/// The answer for a body that could not be read: over the server's limit
+/// (`PHONE_MAX_BODY_BYTES`: a 413, which the console's body-limit layer
+/// turns into its "Too long" page, as for one that declares its length),
+/// or broken off.
 fn unreadable(e: &axum::Error) -> Response {
-    // tower-http's limit (a body without Content-Length that grows past
-    // it; one that declares more is answered 413 before the console).
-    let too_long = e.to_string().contains("length limit");
-    if too_long {
-        problem(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "Too long",
-            "The form is larger than this server accepts. Go back (your browser keeps what you typed) and shorten the message: a body holds at most 64 KiB.",
-        )
-    } else {
-        problem(
-            StatusCode::BAD_REQUEST,
-            "Incomplete request",
-            "The form did not arrive whole; send it again.",
-        )
+    if e.to_string().contains("length limit") {
+        return StatusCode::PAYLOAD_TOO_LARGE.into_response();
     }
+    problem(
+        StatusCode::BAD_REQUEST,
+        "Incomplete request",
+        "The form did not arrive whole; send it again.",
+    )
 }
