@@ -584,16 +584,38 @@ async fn a_revoked_token_ends_it_with_a_clear_message() {
     );
 
     // Started with a wrong token, it ends at once with the same message.
-    let mut wrong = tokio::process::Command::new(env!("CARGO_BIN_EXE_phone"))
+    let out = run_to_its_end(env_for(&app.url(""), &bob.token, &state.0)).await;
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("refused this agent's token"), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for line in stdout.lines() {
+        assert!(serde_json::from_str::<Value>(line).is_ok(), "{line}");
+    }
+
+    // A token with a line break cannot go in a header: it was taken for an
+    // unreachable server and retried for ever. It ends at once, saying so.
+    let broken = format!("{}\r\nX-Forwarded-For: 1.2.3.4", bob.token);
+    let out = run_to_its_end(env_for(&app.url(""), &broken, &state.0)).await;
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("characters no token has"), "{stderr}");
+    assert!(!stderr.contains(&bob.token), "{stderr}");
+}
+
+/// `phone channel` with `envs`, through its handshake, until it exits
+/// (at most 15 s).
+async fn run_to_its_end(envs: Vec<(&str, &str)>) -> std::process::Output {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_phone"))
         .arg("channel")
         .env_clear()
-        .envs(env_for(&app.url(""), &bob.token, &state.0))
+        .envs(envs)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut stdin = wrong.stdin.take().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
     stdin
         .write_all(
             br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}
@@ -602,18 +624,12 @@ async fn a_revoked_token_ends_it_with_a_clear_message() {
         )
         .await
         .unwrap();
-    let out = tokio::time::timeout(Duration::from_secs(15), wrong.wait_with_output())
+    let out = tokio::time::timeout(Duration::from_secs(15), child.wait_with_output())
         .await
         .expect("it ends")
         .unwrap();
     drop(stdin);
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("refused this agent's token"), "{stderr}");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    for line in stdout.lines() {
-        assert!(serde_json::from_str::<Value>(line).is_ok(), "{line}");
-    }
+    out
 }
 
 #[tokio::test]

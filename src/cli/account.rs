@@ -95,7 +95,7 @@ pub async fn register(env: Env<'_>, args: RegisterArgs) -> Result<(), CliError> 
     // The token first: should saving fail, it is not lost.
     println!(
         "Registered '{}' (project {}) at {}.",
-        registered.name,
+        show::line(&registered.name, 64),
         show::line(&registered.project, 80),
         target.mcp_url
     );
@@ -121,6 +121,7 @@ pub async fn login(env: Env<'_>, args: LoginArgs) -> Result<(), CliError> {
     let mut target = target(env, args.url.as_deref())?;
     target.token = Some(Secret::new(token));
     target.token_from = Some(Source::Flag);
+    target.token()?;
     let connection = connect(&target).await?;
     // Naming the agent makes the server check that the token is its token.
     let out = connection

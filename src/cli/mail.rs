@@ -201,7 +201,9 @@ pub async fn send(env: Env<'_>, args: SendArgs) -> Result<(), CliError> {
     };
     println!(
         "Sent {} to {} (thread {}){again}.",
-        sent.id, sent.to, sent.thread_id
+        show::line(&sent.id, 40),
+        show::line(&sent.to, 200),
+        show::line(&sent.thread_id, 40)
     );
     Ok(())
 }

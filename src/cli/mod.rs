@@ -116,7 +116,7 @@ pub async fn run(cli: Cli) -> ExitCode {
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("phone: {e}");
+            eprintln!("phone: {}", e.shown());
             ExitCode::from(e.exit_code())
         }
     }
@@ -138,6 +138,18 @@ pub enum CliError {
 }
 
 impl CliError {
+    /// The error as the terminal shows it: a server's words (its errors,
+    /// or what it sent where a field was expected) on one line, without the
+    /// characters a terminal acts on (a hostile server cleared the screen
+    /// and forged a line of output through them); this client's own
+    /// messages as written.
+    fn shown(&self) -> String {
+        match self {
+            Self::Remote(e) => show::clean(&e.to_string(), false),
+            other => other.to_string(),
+        }
+    }
+
     fn exit_code(&self) -> u8 {
         match self {
             Self::Usage(_) | Self::Target(_) => 2,
@@ -209,9 +221,32 @@ async fn channel_command(env: Env<'_>) -> ExitCode {
     let code = match channel::run(env).await {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("phone channel: {e}");
+            eprintln!("phone channel: {}", show::clean(&e.to_string(), false));
             1
         }
     };
     std::process::exit(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hostile server's error text cleared the terminal and forged a line
+    /// of output ("Sent … to boss") under the real one.
+    #[test]
+    fn a_servers_words_reach_the_terminal_on_one_line_without_escapes() {
+        let error = CliError::Remote(RemoteError::Refused(
+            "no\u{1b}[2J\u{1b}]0;title\u{7}\nphone: Sent 7 to boss\r".into(),
+        ));
+        let shown = error.shown();
+        assert!(shown.starts_with("the server answered: no"), "{shown:?}");
+        assert!(
+            !shown.contains(['\u{1b}', '\u{7}', '\n', '\r']),
+            "{shown:?}"
+        );
+        // The client's own words stay as written.
+        let usage = CliError::Usage("line one\nline two".into());
+        assert_eq!(usage.shown(), "line one\nline two");
+    }
 }

@@ -63,6 +63,13 @@ pub enum TargetError {
         "no token: PHONE_TOKEN is not set (the agent's token from phone_register), and there is no profile for {0} (phone login)"
     )]
     NoToken(String),
+    /// A token is printable ASCII (`phn_` and base64url): one with a line
+    /// break or a space inside cannot go in a header, and the channel took
+    /// the failure for an unreachable server and retried for ever.
+    #[error(
+        "the token from {0} holds characters no token has (a space, a line break or a character beyond ASCII): give the token exactly as phone_register showed it"
+    )]
+    BadToken(Source),
     #[error(transparent)]
     Profile(#[from] ProfileError),
 }
@@ -109,11 +116,18 @@ impl Target {
         })
     }
 
-    /// The token, or why there is none.
+    /// The token, or why there is none or it cannot be one.
     pub fn token(&self) -> Result<&Secret, TargetError> {
-        self.token
+        let token = self
+            .token
             .as_ref()
-            .ok_or_else(|| TargetError::NoToken(self.mcp_url.clone()))
+            .ok_or_else(|| TargetError::NoToken(self.mcp_url.clone()))?;
+        if !token.expose().bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(TargetError::BadToken(
+                self.token_from.unwrap_or(Source::Env),
+            ));
+        }
+        Ok(token)
     }
 }
 
@@ -227,6 +241,33 @@ mod tests {
         assert_eq!(t.token.unwrap().expose(), "phn_profile", "same server");
         let t = Target::resolve(&plugin, Some("http://127.0.0.1:9"), None).unwrap();
         assert_eq!(t.url_from, Source::Flag);
+    }
+
+    #[test]
+    fn a_token_that_cannot_go_in_a_header_is_refused_before_any_call() {
+        const URL: &str = "https://p.example.com";
+        for bad in [
+            &[("PHONE_URL", URL), ("PHONE_TOKEN", "phn_a\r\nX-Evil: 1")],
+            &[("PHONE_URL", URL), ("PHONE_TOKEN", "phn_a b")],
+            &[("PHONE_URL", URL), ("PHONE_TOKEN", "phn_\u{e9}")],
+        ] {
+            let t = Target::resolve(&env(bad), None, None).unwrap();
+            let err = t.token().unwrap_err();
+            assert!(
+                matches!(err, TargetError::BadToken(Source::Env)),
+                "{bad:?}: {err}"
+            );
+        }
+        let t = Target::resolve(
+            &env(&[
+                ("PHONE_URL", "https://p.example.com"),
+                ("PHONE_TOKEN", "phn_A-b_9"),
+            ]),
+            None,
+            None,
+        )
+        .unwrap();
+        assert_eq!(t.token().unwrap().expose(), "phn_A-b_9");
     }
 
     #[test]
