@@ -1154,3 +1154,40 @@ async fn a_form_over_the_body_limit_gets_a_page() {
     assert!(answer.contains("Too long"), "{answer}");
     app.stop().await;
 }
+
+/// One stranger, registered once, signed in again and again (~87 a
+/// second): each sign-in a row kept for the session's hours. An agent
+/// keeps its newest 20 sessions; a sign-in beyond ends the oldest.
+#[tokio::test]
+async fn an_agent_keeps_its_newest_twenty_sessions() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let bob = register(&c, "bob", "B", "p").await;
+    let carol = register(&c, "carol", "C", "p").await;
+    let mut carols = Browser::signed_in(&app, &carol).await;
+    let mut first = Browser::signed_in(&app, &bob).await;
+    let mut browsers = Vec::new();
+    for _ in 0..24 {
+        browsers.push(Browser::signed_in(&app, &bob).await);
+    }
+    let db = app.db().await;
+    let kept: i64 = db
+        .query_one(
+            "SELECT count(*) FROM console_sessions s JOIN agents a ON a.id = s.agent_id
+             WHERE a.name = 'bob'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(kept, 20);
+    let page = first.get("/console/inbox").await;
+    assert_eq!(page.location(), "/console/sign-in", "the oldest ended");
+    for browser in browsers.iter_mut().rev().take(20) {
+        let page = browser.get("/console/inbox").await;
+        assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    }
+    // Another agent's session is no part of bob's count.
+    assert_eq!(carols.get("/console/inbox").await.status, StatusCode::OK);
+    app.stop().await;
+}

@@ -31,9 +31,27 @@ pub struct Session {
     pub expires_at: DateTime<Utc>,
 }
 
-const CREATE: &str = "INSERT INTO console_sessions
-         (secret_hash, agent_id, token_hash, operator_hash, csrf, expires_at)
-     VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6))";
+/// Sessions an agent keeps: a sign-in beyond ends its oldest. A person
+/// has a few browsers; a script signing in again and again (each sign-in a
+/// row kept for the session's hours) has no more than these.
+pub const SESSIONS_PER_AGENT: i64 = 20;
+
+/// A new session, and the agent's sessions beyond the newest
+/// `SESSIONS_PER_AGENT - 1` ended (`console_sessions_agent_idx`). Sign-ins
+/// at the same instant may each keep one more, for as long as they last.
+static CREATE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH ended AS (
+             DELETE FROM console_sessions WHERE secret_hash = ANY (ARRAY(
+                 SELECT secret_hash FROM console_sessions
+                 WHERE $2::bigint IS NOT NULL AND agent_id = $2
+                 ORDER BY created_at DESC OFFSET {kept})))
+         INSERT INTO console_sessions
+             (secret_hash, agent_id, token_hash, operator_hash, csrf, expires_at)
+         VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6))",
+        kept = SESSIONS_PER_AGENT - 1
+    )
+});
 
 /// Stores a session for `secret_hash`, valid for `ttl_secs`.
 pub async fn create_session(
@@ -47,7 +65,7 @@ pub async fn create_session(
         SessionOwner::Agent { id, token_hash, .. } => (Some(*id), Some(token_hash), None),
         SessionOwner::Operator { admin_hash } => (None, None, Some(admin_hash)),
     };
-    let stmt = db.prepare_cached(CREATE).await?;
+    let stmt = db.prepare_cached(&CREATE).await?;
     db.execute(
         &stmt,
         &[&secret_hash, &agent, &token, &admin, &csrf, &ttl_secs],
