@@ -400,6 +400,81 @@ async fn the_copies_of_one_batch_count_against_the_quotas_in_order() {
     }
 }
 
+/// Sends of one sender in statements that run at once (two replicas)
+/// share one new-recipient quota. Each statement counted in its own
+/// snapshot, so each let the whole quota through: an outsider's burst with
+/// 60 KB bodies stored 220-500 first messages against the daily 100. Here
+/// the first send is held mid-statement (its snapshot taken) while the
+/// second runs on the other replica: five first contacts a day, ten tried.
+#[tokio::test]
+async fn sends_at_once_on_two_replicas_share_one_new_recipient_quota() {
+    let database = fresh_database().await;
+    let env = [
+        ("PHONE_NEW_RECIPIENT_QUOTA_PER_DAY", "5"),
+        ("PHONE_SEND_QUOTA_PER_HOUR", "0"),
+    ];
+    let one = spawn_app_on(&database, &env).await;
+    let two = spawn_app_on(&database, &env).await;
+    let c = one.client().await;
+    let spammer = register(&c, "spammer", "S", "p").await;
+    let mut firsts = Vec::new();
+    let mut seconds = Vec::new();
+    for i in 0..5 {
+        for (prefix, names) in [("a", &mut firsts), ("b", &mut seconds)] {
+            let name = format!("{prefix}{i}");
+            register(&c, &name, "T", "q").await;
+            names.push(name);
+        }
+    }
+    let (lock, first) = send_held_by_a_row_lock(
+        &one,
+        &spammer,
+        spammer.with(json!({"to": firsts, "body": "hello, new friend"})),
+    )
+    .await;
+    let c2 = two.client().await;
+    let second_args = spammer.with(json!({"to": seconds, "body": "hello, new friend"}));
+    let second = tokio::spawn(async move { call(&c2, "phone_send", second_args).await });
+    // The second waits, for the first's lock on the sender's quota (or,
+    // before, on the sender's row for its presence, its snapshot taken).
+    sends_waiting_on_locks(&one, 2).await;
+    lock.batch_execute("COMMIT").await.unwrap();
+    let first = first.await.unwrap();
+    let second = second.await.unwrap();
+    let stored_of = |out: &serde_json::Value| {
+        out["recipients"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r.get("error").is_none())
+            .count()
+    };
+    // A send whose every copy is refused is a tool error that names them.
+    let stored = stored_of(&first)
+        + if second.is_error == Some(true) {
+            let why = text(&second);
+            assert!(why.contains("first messages to new recipients"), "{why}");
+            0
+        } else {
+            stored_of(second.structured_content.as_ref().unwrap())
+        };
+    assert_eq!(stored, 5, "first contacts stored against a quota of 5");
+    let in_the_database: i64 = one
+        .db()
+        .await
+        .query_one(
+            "SELECT count(*) FROM messages m JOIN agents a ON a.id = m.sender_id
+             WHERE a.name = 'spammer'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(in_the_database, 5);
+    one.stop().await;
+    two.stop().await;
+}
+
 /// Strangers who write first cannot use up the quota of the agent that
 /// answers them: a reply goes to parties of a message someone else began,
 /// so it is no first contact. Before, 101 strangers that each sent one

@@ -303,7 +303,9 @@ pub(super) fn sends(keyed: bool, grouped: bool, quotas: bool) -> String {
     -- functions (migration V25), set up only when called, where as
     -- sub-plans they were set up on every execution (bench/RESULTS.md).
     -- New recipients today are counted once per sender, at its first new
-    -- pair of the batch.
+    -- pair of the batch, under the sender's lock while it is under the
+    -- quota (V29): statements of one sender at once counted each in its
+    -- own snapshot, and each let the quota through.
     decided AS MATERIALIZED (
         SELECT q.ord, q.sender_id, q.recipient_id, q.new_pair,
                CASE WHEN NOT q.quoted THEN q.refusal
@@ -322,7 +324,7 @@ pub(super) fn sends(keyed: bool, grouped: bool, quotas: bool) -> String {
                END AS refusal
         FROM (SELECT w.*,
                      max(CASE WHEN w.first_contact AND w.nth_new = 1
-                              THEN phone_new_recipients_today(w.sender_id, {new_per_day}) END)
+                              THEN phone_new_recipients_counted(w.sender_id, {new_per_day}) END)
                          OVER (PARTITION BY w.quoted, w.sender_id) AS new_today
               -- A reply's copies go to parties of a message someone
               -- else began: none is the sender's first contact (strangers
