@@ -634,6 +634,12 @@ async fn no_new_agent_takes_the_services_names() {
         "system",
         "operator",
         "ADMIN",
+        // Look-alikes that read as the service's in a header.
+        "system.",
+        "admin_",
+        "no_reply",
+        "_phone",
+        "phone.",
     ] {
         let refused = tool_err(
             &c,

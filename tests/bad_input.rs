@@ -222,6 +222,18 @@ async fn bad_arguments_are_tool_errors_that_say_what_to_fix() {
             a.with(json!({"include_read": 1})),
             "`include_read` must be true or false",
         ),
+        // 40 'é': not ASCII, whatever the length (it was "80 characters").
+        (
+            "phone_register",
+            json!({"name": "\u{e9}".repeat(40), "description": "d", "project": "p"}),
+            "may only contain ASCII letters",
+        ),
+        // A NUL reached PostgreSQL, which refused it: "internal error".
+        (
+            "phone_inbox",
+            a.with(json!({"query": "plan\u{0}"})),
+            "`query` contains a NUL character",
+        ),
     ];
     for (tool, args, expected) in cases {
         let err = tool_err(&c, tool, args.clone()).await;

@@ -1192,3 +1192,37 @@ async fn pending_acknowledgements_come_back_as_the_receipts_given() {
     );
     app.stop().await;
 }
+
+/// A message named twice in one list, by its receipt and by its plain id,
+/// is acknowledged once: it was "Acknowledged 2 message(s)", listed twice.
+#[tokio::test]
+async fn a_message_named_by_receipt_and_by_id_is_acknowledged_once() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let bob = register(&c, "bob", "B", "p").await;
+    let (id, receipt) = sent_and_leased(&c, &alice, &bob, "job").await;
+    let call = crate::call(
+        &c,
+        "phone_ack",
+        bob.with(json!({"ids": [receipt.clone(), id.clone()]})),
+    )
+    .await;
+    let out = call.structured_content.clone().unwrap();
+    assert_eq!(out["acknowledged"], json!([id]), "{out}");
+    assert!(
+        text(&call).contains("Acknowledged 1 message"),
+        "{}",
+        text(&call)
+    );
+    // And in a poll's `ack`.
+    let (id, receipt) = sent_and_leased(&c, &alice, &bob, "job two").await;
+    let polled = ok(
+        &c,
+        "phone_inbox",
+        bob.with(json!({"mode": "lease", "ack": [id.clone(), receipt]})),
+    )
+    .await;
+    assert_eq!(polled["acks"]["acknowledged"], json!([id]), "{polled}");
+    app.stop().await;
+}

@@ -33,13 +33,18 @@ const SERVICE_NAMES: [&str; 13] = [
 ];
 
 /// Whether `name` (parsed: lower case) is the service's to use: one of
-/// [`SERVICE_NAMES`], or `phone` followed by a separator.
+/// [`SERVICE_NAMES`] whatever its separators (`system.`, `admin_` and
+/// `no_reply` read as the service's in a header: a stranger registered
+/// them), or `phone` followed by a separator, after any leading ones.
 fn is_service_name(name: &AgentName) -> bool {
+    const SEPARATORS: [char; 3] = ['-', '_', '.'];
+    let bare = |n: &str| n.replace(SEPARATORS, "");
     let name = name.as_str();
-    SERVICE_NAMES.contains(&name)
+    SERVICE_NAMES.iter().any(|s| bare(s) == bare(name))
         || name
+            .trim_start_matches(SEPARATORS)
             .strip_prefix("phone")
-            .is_some_and(|rest| rest.starts_with(['-', '_', '.']))
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with(SEPARATORS))
 }
 
 #[derive(Debug, Clone)]

@@ -34,6 +34,13 @@ impl MailSearch {
                 format!("is {} bytes; at most {QUERY_MAX}", query.len()),
             ));
         }
+        // PostgreSQL refuses a NUL in text: it was "internal error".
+        if query.contains('\0') {
+            return Err(InvalidInput::new(
+                "query",
+                "contains a NUL character (U+0000)",
+            ));
+        }
         let mut search = Self {
             words: String::new(),
             with: None,

@@ -215,12 +215,29 @@ pub struct Acked {
 }
 
 impl Acked {
+    /// A message is acknowledged (or not found) once, whatever forms name
+    /// it: its receipt and its plain id in one list were "2 acknowledged".
     fn add(&mut self, r: &AckRef, outcome: AckOutcome) {
+        let once = |ids: &mut Vec<MessageId>, id: MessageId| {
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        };
         match outcome {
-            AckOutcome::Acknowledged => self.acknowledged.push(r.message()),
-            AckOutcome::NotFound => self.not_found.push(r.message()),
+            AckOutcome::Acknowledged => once(&mut self.acknowledged, r.message()),
+            AckOutcome::NotFound => once(&mut self.not_found, r.message()),
             AckOutcome::Stale { current } => self.stale.push((r.clone(), current)),
         }
+    }
+
+    fn merge(&mut self, other: Acked) {
+        for id in other.acknowledged {
+            self.add(&AckRef::Id(id), AckOutcome::Acknowledged);
+        }
+        for id in other.not_found {
+            self.add(&AckRef::Id(id), AckOutcome::NotFound);
+        }
+        self.stale.extend(other.stale);
     }
 }
 
@@ -658,11 +675,7 @@ impl Phone {
             // here must not hide it. What could not be done is said, to be
             // passed again (acknowledging twice is harmless).
             match self.acknowledge(creds, &undecided).await {
-                Ok(rest) => {
-                    acked.acknowledged.extend(rest.acknowledged);
-                    acked.not_found.extend(rest.not_found);
-                    acked.stale.extend(rest.stale);
-                }
+                Ok(rest) => acked.merge(rest),
                 Err(e) => {
                     tracing::warn!(error = %e, acks = undecided.len(), "acknowledgements left for the caller to repeat");
                     acked.pending = undecided;

@@ -52,15 +52,8 @@ impl AgentName {
         if name.is_empty() {
             return Err(InvalidInput::new(field, "must not be empty"));
         }
-        if name.len() > NAME_MAX {
-            return Err(InvalidInput::new(
-                field,
-                format!(
-                    "is {} characters long; the limit is {NAME_MAX}",
-                    name.chars().count()
-                ),
-            ));
-        }
+        // Characters first: then the length in bytes is the length in
+        // characters (40 'é' were "80 characters long").
         if let Some(bad) = name
             .chars()
             .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
@@ -71,6 +64,12 @@ impl AgentName {
                     "may only contain ASCII letters, digits, '-', '_' and '.'; found {}",
                     describe_char(bad)
                 ),
+            ));
+        }
+        if name.len() > NAME_MAX {
+            return Err(InvalidInput::new(
+                field,
+                format!("is {} characters long; the limit is {NAME_MAX}", name.len()),
             ));
         }
         Ok(Self(name.to_ascii_lowercase()))
