@@ -562,3 +562,36 @@ async fn the_surface_stays_within_its_budget() {
     );
     app.stop().await;
 }
+
+/// Two Authorization headers in one request: the tool call went out as
+/// the first one's agent, silently. Which agent is meant is the caller's to
+/// say: refused, whichever of them is right.
+#[tokio::test]
+async fn two_authorization_headers_are_refused() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let alice = register(&c, "alice", "A", "p").await;
+    let bob = register(&c, "bob", "B", "p").await;
+    let body = tools_call("phone_send", json!({"to": "bob", "body": "who am I?"}));
+    let response = reqwest::Client::new()
+        .post(app.mcp_url())
+        .header("content-type", "application/json")
+        .header("accept", ACCEPT)
+        .header("mcp-protocol-version", "2025-11-25")
+        .header("authorization", format!("Bearer {}", alice.token))
+        .header("authorization", format!("Bearer {}", bob.token))
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let answer: Value = response.json().await.unwrap();
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("more than once")),
+        "{answer}"
+    );
+    assert_eq!(app.count("SELECT count(*) FROM messages").await, 0);
+    app.stop().await;
+}

@@ -54,6 +54,25 @@ fn presented(req: &Request) -> Presented {
 }
 
 pub(super) async fn check(phone: std::sync::Arc<Phone>, req: Request, next: Next) -> Response {
+    // Two tokens in one request (a client's and a proxy's, say): the tool
+    // calls took the first, silently. Which agent is meant is the caller's
+    // to say; every request, not only the handshake, is refused.
+    if req
+        .headers()
+        .get_all(header::AUTHORIZATION)
+        .iter()
+        .nth(1)
+        .is_some()
+    {
+        return (
+            StatusCode::BAD_REQUEST,
+            jsonrpc_error(
+                -32600,
+                "the Authorization header was sent more than once: send one, with the agent's token",
+            ),
+        )
+            .into_response();
+    }
     if req.extensions().get::<Handshake>().is_none() {
         return next.run(req).await;
     }
