@@ -595,3 +595,27 @@ async fn two_authorization_headers_are_refused() {
     assert_eq!(app.count("SELECT count(*) FROM messages").await, 0);
     app.stop().await;
 }
+
+/// Half of a surrogate pair in a string (an emoji a client cut in two) is
+/// a parse error that says so: it passed the envelope check, and rmcp's
+/// refusal was a -32600 about a "hex escape". A whole pair is a character
+/// like any other.
+#[tokio::test]
+async fn half_an_emoji_is_a_parse_error_that_says_so() {
+    let app = spawn_app().await;
+    for half in [r"\ud83d", r"\uDE00", r"\ud83d\u0041"] {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"phone_search","arguments":{{"query":"cut {half}"}}}}}}"#
+        );
+        let response = post_raw(&app, body, "application/json").await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{half}");
+        let answer: Value = response.json().await.unwrap();
+        assert_eq!(answer["error"]["code"], -32700, "{half}: {answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains("surrogate"), "{half}: {message}");
+    }
+    let whole = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"phone_search","arguments":{"query":"\ud83d\ude00 x"}}}"#;
+    let response = post_raw(&app, whole, "application/json").await;
+    assert_eq!(response.status(), StatusCode::OK);
+    app.stop().await;
+}

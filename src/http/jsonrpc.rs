@@ -203,6 +203,21 @@ fn validate_message(bytes: &[u8]) -> Result<Message, Json<serde_json::Value>> {
             ));
         }
     }
+    // Skipping over strings does not check their escapes either: half of a
+    // surrogate pair (`"\ud83d"`, an emoji a client cut in two) passed, and
+    // rmcp refused the body with a -32600 about a "hex escape". Only a body
+    // with a surrogate's escape (clients that escape all non-ASCII send
+    // emoji so) is parsed in full.
+    if has_surrogate_escape(bytes) {
+        if let Err(e) = serde_json::from_slice::<serde_json::Value>(bytes) {
+            return Err(jsonrpc_error(
+                -32700,
+                &format!(
+                    "Parse error: {e} (a string holds half of a UTF-16 surrogate pair, as when an emoji is cut in two; send whole characters)"
+                ),
+            ));
+        }
+    }
     // One parse on the happy path; only a refused body is parsed again, to
     // tell malformed JSON (-32700) from a malformed message (-32600).
     let envelope: Envelope<'_> =
@@ -261,6 +276,14 @@ fn validate_message(bytes: &[u8]) -> Result<Message, Json<serde_json::Value>> {
         _ => Kind::Other,
     };
     Ok(Message { kind, bad_params })
+}
+
+/// Whether `bytes` may hold a `\uD800`–`\uDFFF` escape (or text that
+/// looks like one after an escaped backslash: a harmless extra parse).
+fn has_surrogate_escape(bytes: &[u8]) -> bool {
+    bytes
+        .windows(3)
+        .any(|w| w[0] == b'\\' && w[1] == b'u' && matches!(w[2], b'd' | b'D'))
 }
 
 /// No tool argument needs more; deeper input only costs stack and time.
