@@ -365,14 +365,18 @@ pub struct IdempotencyKey(String);
 
 impl IdempotencyKey {
     pub fn parse(raw: &str) -> Result<Self, InvalidInput> {
-        let key = raw.trim();
+        // ASCII spaces only: trimmed of any Unicode space, "w1\u{2028}" and
+        // "\u{3000}w1" were one key, and the second send was refused as
+        // reusing a key the caller never sent.
+        let key = raw.trim_ascii();
         if key.is_empty() {
             return Err(InvalidInput::new(
                 "idempotency_key",
                 "must not be empty when given",
             ));
         }
-        check_chars("idempotency_key", key, |c| c.is_control())?;
+        // Errors quote a key back: no line separator or bidi control in it.
+        check_chars("idempotency_key", key, refused_in_text)?;
         check_len("idempotency_key", key, IDEMPOTENCY_KEY_MAX)?;
         Ok(Self(key.to_owned()))
     }
@@ -394,6 +398,19 @@ pub fn spelled_in_tags(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_differ_by_any_character_but_ascii_spaces_at_their_ends() {
+        let key = |raw: &str| IdempotencyKey::parse(raw).unwrap().as_str().to_owned();
+        assert_eq!(key(" k1\t"), "k1");
+        for raw in ["k1\u{a0}", "\u{3000}k1"] {
+            assert_eq!(key(raw), raw, "{raw:?}");
+        }
+        assert!(IdempotencyKey::parse("k1\u{2028}").is_err());
+        assert!(IdempotencyKey::parse("k1\u{202E}").is_err());
+        assert!(IdempotencyKey::parse("\u{3000}").is_ok());
+        assert!(IdempotencyKey::parse("  ").is_err());
+    }
 
     #[test]
     fn names_are_lowercased_and_checked() {
