@@ -20,8 +20,8 @@ use crate::store;
 use crate::telemetry::metrics;
 
 /// What a blocked caller was doing too often, as its error says.
-pub(crate) const AUTH_FAILURES: &str = "failed authentication attempts";
-pub(crate) const REGISTRATIONS: &str = "registrations";
+pub(crate) const AUTH_FAILURES: &str = "failed authentication attempts from here";
+pub(crate) const REGISTRATIONS: &str = "registrations from here";
 
 pub const AUTH_WINDOW: Duration = Duration::from_secs(300);
 pub const REGISTER_WINDOW: Duration = Duration::from_secs(3600);

@@ -53,7 +53,7 @@ pub enum PhoneError {
     IdempotencyConflict(String),
     #[error("name '{0}' was unregistered recently and stays reserved until {1}; pick another name")]
     NameReserved(AgentName, String),
-    #[error("too many {what} from here; retry after {retry_at}")]
+    #[error("too many {what}; retry after {retry_at}")]
     RateLimited {
         what: &'static str,
         retry_at: String,

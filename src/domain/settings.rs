@@ -173,7 +173,7 @@ fn decode_cursor(raw: &str) -> Result<(String, String), InvalidInput> {
 /// Webhook changes (a URL set or cleared, a secret rotated) an agent may
 /// make per hour: each names a host to look up and a destination to call.
 pub const WEBHOOK_CHANGES_PER_HOUR: u32 = 10;
-const WEBHOOK_CHANGES: &str = "webhook changes";
+const WEBHOOK_CHANGES: &str = "webhook changes by this agent";
 
 impl Phone {
     /// Applies what the request changes, in one transaction (a new secret
@@ -184,7 +184,11 @@ impl Phone {
         req: SettingsRequest,
     ) -> Result<Settings, PhoneError> {
         let changes_webhook = req.webhook.is_some() || req.rotate_webhook_secret;
-        if changes_webhook {
+        // Switching webhooks off names no host and no destination: never
+        // limited (an agent over the limit could not stop a receiver that
+        // misbehaved, for up to an hour).
+        let switches_off = matches!(req.webhook, Some(None)) && !req.rotate_webhook_secret;
+        if changes_webhook && !switches_off {
             let bucket = format!("webhook:agent:{}", me.id);
             self.check_block(&bucket, WEBHOOK_CHANGES)?;
             self.count(
