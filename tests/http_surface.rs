@@ -91,7 +91,8 @@ async fn malformed_requests_get_clear_errors_never_a_500() {
         "application/json",
     )
     .await;
-    assert_eq!(too_big.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    // A JSON-RPC error that names the limit (it was tower-http's bare line).
+    expect_jsonrpc_error(too_big, 413, -32600).await;
 
     expect_jsonrpc_error(
         post_raw(

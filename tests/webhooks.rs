@@ -752,7 +752,10 @@ async fn webhook_changes_are_limited_per_agent() {
         svc.with(json!({"rotate_webhook_secret": true})),
     )
     .await;
-    assert!(err.contains("too many webhook changes by this agent; retry after"), "{err}");
+    assert!(
+        err.contains("too many webhook changes by this agent; retry after"),
+        "{err}"
+    );
     // Switching webhooks off is never limited.
     let off = ok(&c, "phone_settings", svc.with(json!({"webhook_url": ""}))).await;
     assert!(off["webhook_url"].is_null(), "{off}");

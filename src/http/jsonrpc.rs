@@ -36,19 +36,32 @@ pub(super) async fn check_jsonrpc(max_body: usize, req: Request, next: Next) -> 
         )
             .into_response();
     }
-    let (parts, body) = req.into_parts();
-    let bytes = match to_bytes(body, max_body).await {
-        Ok(bytes) => bytes,
-        Err(_) => {
-            return (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                jsonrpc_error(
-                    -32600,
-                    &format!("Invalid Request: body is larger than {max_body} bytes"),
+    // Declared too large: refused before anything is read. Said as a
+    // JSON-RPC error, as when the body grows past the limit (tower-http's
+    // 413 was a bare line of text).
+    let too_large = || {
+        (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            jsonrpc_error(
+                -32600,
+                &format!(
+                    "Invalid Request: the request is larger than {max_body} bytes (the server's PHONE_MAX_BODY_BYTES); send a shorter message"
                 ),
-            )
-                .into_response();
-        }
+            ),
+        )
+            .into_response()
+    };
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max_body as u64) {
+        return too_large();
+    }
+    let (parts, body) = req.into_parts();
+    let Ok(bytes) = to_bytes(body, max_body).await else {
+        return too_large();
     };
     let mut parts = parts;
     let message = match validate_message(&bytes) {

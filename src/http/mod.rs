@@ -97,15 +97,16 @@ pub fn router(settings: &Settings, phone: Phone) -> Router {
         .layer(middleware::from_fn(move |req, next| {
             bearer::check(door.clone(), req, next)
         }))
+        // Bodies of other methods than POST (which the envelope check
+        // reads within the limit, and refuses as a JSON-RPC error, declared
+        // or grown past it).
+        .layer(RequestBodyLimitLayer::new(max_body))
         .layer(middleware::from_fn(move |req, next| {
             jsonrpc::check_jsonrpc(max_body, req, next)
         }))
         // Outside rmcp and the envelope check, so that it sees the bytes
         // that go out and the request's future being dropped.
-        .layer(middleware::from_fn(handover::attach))
-        // A body declared larger than the limit is refused (413) before
-        // anything reads it; one that grows past it fails its read.
-        .layer(RequestBodyLimitLayer::new(max_body));
+        .layer(middleware::from_fn(handover::attach));
     // The console's own limit, its 413 a page that says what to do (a
     // person pasting a long text), not the limit's bare line of text.
     let console = console
