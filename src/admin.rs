@@ -145,9 +145,14 @@ pub async fn run(database_url: &str, command: &Command) -> Result<String, AdminE
             let mut done = 0;
             for a in &stale {
                 let revoked = Token::generate().hash();
-                if let Some(u) =
-                    store::agents::unregister(&db, a.id, revoked.as_bytes(), NAME_RESERVATION_DAYS)
-                        .await?
+                if let Some(u) = store::agents::unregister(
+                    &db,
+                    a.id,
+                    None,
+                    revoked.as_bytes(),
+                    NAME_RESERVATION_DAYS,
+                )
+                .await?
                 {
                     done += 1;
                     let _ = writeln!(

@@ -445,3 +445,91 @@ async fn no_text_can_forge_a_message_or_an_entry_in_the_rendering() {
     assert!(!outside.contains("ceo"), "{found}");
     app.stop().await;
 }
+
+/// Calls verified with a token that a rotation then replaced change
+/// nothing: each checked the token in one statement and wrote by the
+/// agent's id in another, so a thief's calls in flight with the old token
+/// landed after the owner's rotation had answered. A second rotation left
+/// the owner's new token dead, an unregistering took the agent away, and
+/// settings changed the new holder's (an outsider's attack). Here the
+/// owner's row is held so that the rotation queues first and the thief's
+/// calls, their token verified, queue behind it.
+#[tokio::test]
+async fn calls_in_flight_with_a_rotated_token_change_nothing() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let owner = register(&c, "owner", "O", "p").await;
+    let db = app.db().await;
+    // Seen just now: verifying the token writes no presence (and does not
+    // wait on the row).
+    db.execute(
+        "UPDATE agents SET last_seen_at = now() WHERE name = 'owner'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let lock = app.db().await;
+    lock.batch_execute("BEGIN; SELECT 1 FROM agents WHERE name = 'owner' FOR UPDATE")
+        .await
+        .unwrap();
+    let waiting = |n: i64| {
+        let db = &db;
+        async move {
+            wait_until(
+                db,
+                &format!("{n} calls wait on the owner's row"),
+                &format!(
+                    "SELECT count(*) >= {n} FROM pg_stat_activity
+                     WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                ),
+            )
+            .await
+        }
+    };
+    let in_background = |tool: &'static str, args: serde_json::Value| {
+        let app = &app;
+        async move {
+            let c = app.client().await;
+            tokio::spawn(async move { call(&c, tool, args).await })
+        }
+    };
+    let rotation = in_background("phone_rotate_token", owner.with(json!({}))).await;
+    waiting(1).await;
+    let thief = [
+        in_background("phone_rotate_token", owner.with(json!({}))).await,
+        in_background(
+            "phone_settings",
+            owner.with(json!({"listed": false, "contact_policy": "closed"})),
+        )
+        .await,
+        in_background("phone_unregister", owner.with(json!({}))).await,
+    ];
+    waiting(4).await;
+    lock.batch_execute("ROLLBACK").await.unwrap();
+    let rotated = rotation.await.unwrap();
+    assert_ne!(rotated.is_error, Some(true), "{}", text(&rotated));
+    let new_token = rotated.structured_content.unwrap()["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for call in thief {
+        let answer = call.await.unwrap();
+        assert_eq!(answer.is_error, Some(true), "{}", text(&answer));
+        assert!(
+            text(&answer).contains("stopped being the agent's"),
+            "{}",
+            text(&answer)
+        );
+    }
+    let owner = Agent {
+        name: "owner".into(),
+        token: new_token,
+    };
+    let settings = ok(&c, "phone_settings", owner.with(json!({}))).await;
+    assert_eq!(
+        (&settings["contact_policy"], &settings["listed"]),
+        (&json!("open"), &json!(true)),
+        "{settings}"
+    );
+    app.stop().await;
+}

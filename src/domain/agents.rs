@@ -47,6 +47,12 @@ fn is_service_name(name: &AgentName) -> bool {
             .is_some_and(|rest| rest.is_empty() || rest.starts_with(SEPARATORS))
 }
 
+/// A change refused because the token that was verified for it is no
+/// longer the agent's: replaced, revoked or suspended while the call ran
+/// (a call in flight with the old token landed after a rotation had
+/// answered, and left the owner's new token dead).
+pub(crate) const TOKEN_CHANGED: &str = "this token stopped being the agent's while the call ran (rotated, unregistered or suspended): nothing was changed. Use the agent's current token";
+
 #[derive(Debug, Clone)]
 pub struct RegisterRequest {
     pub name: AgentName,
@@ -251,6 +257,7 @@ impl Phone {
             id: holder.id,
             name,
             project: holder.project,
+            token: creds.token,
         })
     }
 
@@ -268,11 +275,10 @@ impl Phone {
     pub async fn rotate_token(&self, me: &Caller) -> Result<Rotated, PhoneError> {
         let token = Token::generate();
         let db = self.store.db().await?;
-        let name = store::agents::replace_token(&db, me.id, token.hash().as_bytes())
-            .await?
-            .ok_or(PhoneError::Unauthenticated(
-                "this agent is no longer registered",
-            ))?;
+        let name =
+            store::agents::replace_token(&db, me.id, me.token.as_bytes(), token.hash().as_bytes())
+                .await?
+                .ok_or(PhoneError::Unauthenticated(TOKEN_CHANGED))?;
         Ok(Rotated { name, token })
     }
 
@@ -282,11 +288,15 @@ impl Phone {
         // The token hash is replaced by the digest of a token nobody holds.
         let revoked = Token::generate().hash();
         let db = self.store.db().await?;
-        let row = store::agents::unregister(&db, me.id, revoked.as_bytes(), NAME_RESERVATION_DAYS)
-            .await?
-            .ok_or(PhoneError::Unauthenticated(
-                "this agent is no longer registered",
-            ))?;
+        let row = store::agents::unregister(
+            &db,
+            me.id,
+            Some(me.token.as_bytes()),
+            revoked.as_bytes(),
+            NAME_RESERVATION_DAYS,
+        )
+        .await?
+        .ok_or(PhoneError::Unauthenticated(TOKEN_CHANGED))?;
         Ok(Unregistered {
             name: row.name,
             unregistered_at: row.unregistered_at,

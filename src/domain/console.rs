@@ -274,7 +274,12 @@ impl Phone {
                 let name = AgentName::parse("name", &name).map_err(|_| PhoneError::Internal)?;
                 let token = TokenHash(token_hash.try_into().map_err(|_| PhoneError::Internal)?);
                 Viewer::Agent(AgentViewer {
-                    caller: Caller { id, name, project },
+                    caller: Caller {
+                        id,
+                        name,
+                        project,
+                        token,
+                    },
                     token,
                 })
             }

@@ -256,4 +256,8 @@ pub struct Caller {
     pub id: i64,
     pub name: AgentName,
     pub project: String,
+    /// The digest of the token it was verified by: a change made later in
+    /// the request (rotation, unregistering, settings) holds only while it
+    /// is still the agent's token.
+    pub token: TokenHash,
 }

@@ -213,6 +213,10 @@ impl Phone {
         let db = self.store.db().await?;
         let (webhook_secret, unknown) = db
             .transaction(async |db| {
+                let changes = changes_webhook
+                    || req.contact_policy.is_some()
+                    || req.listed.is_some()
+                    || !req.marks.is_empty();
                 let mut webhook_secret = None;
                 if changes_webhook {
                     let current = store::webhooks::lock_webhook(db, me.id).await?;
@@ -269,6 +273,17 @@ impl Phone {
                             unknown.push(name.to_string());
                         }
                     }
+                }
+                // The token verified before (and before a webhook host's
+                // lookup, seconds long) must still be the agent's as the
+                // changes commit, or they are undone: a call in flight with
+                // a token just rotated away changed its new holder's
+                // settings. Last, with the row locked to the commit (a
+                // rotation waits, or is waited for and seen): a mark waits
+                // for messages a poll holds, and that poll then for the
+                // agent's row (its presence), which the mark must not hold.
+                if changes && !store::agents::lock_holder(db, me.id, me.token.as_bytes()).await? {
+                    return Err(PhoneError::Unauthenticated(super::agents::TOKEN_CHANGED));
                 }
                 Ok::<_, PhoneError>((webhook_secret, unknown))
             })

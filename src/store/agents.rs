@@ -180,20 +180,24 @@ pub async fn holder_quietly(
     }))
 }
 
-/// `$1` agent id, `$2` the new token digest. Primary key.
+/// `$1` agent id, `$3` the digest of the token the call was verified by:
+/// only while it is still the agent's (a rotation racing this one, or a
+/// suspension, won), `$2` the new token digest. Primary key.
 const REPLACE_TOKEN: &str = "UPDATE agents SET token_hash = $2, updated_at = now()
-     WHERE id = $1 AND unregistered_at IS NULL RETURNING name";
+     WHERE id = $1 AND token_hash = $3 AND unregistered_at IS NULL AND suspended_at IS NULL
+     RETURNING name";
 
-/// The agent's name, when it is still registered and its token replaced.
+/// The agent's name, when `presented` is still its token, now replaced.
 pub async fn replace_token(
     db: &Client,
     id: i64,
+    presented: &[u8],
     token_hash: &[u8],
 ) -> Result<Option<String>, StoreError> {
     db.acknowledged(async |db| {
         let stmt = db.prepare_cached(REPLACE_TOKEN).await?;
         Ok(db
-            .query_opt(&stmt, &[&id, &token_hash])
+            .query_opt(&stmt, &[&id, &token_hash, &presented])
             .await?
             .map(|r| r.get("name")))
     })
@@ -207,11 +211,27 @@ pub struct Unregistered {
     pub reserved_until: DateTime<Utc>,
 }
 
-/// `$1` agent id, `$2` a digest no token has, `$3` reservation days.
-/// Primary key.
+/// `$1` agent id, `$4` the digest of the token the call was verified by
+/// (as in [`REPLACE_TOKEN`]; NULL: the operator's `unregister-stale`), `$2`
+/// a digest no token has, `$3` reservation days. Primary key.
 const UNREGISTER: &str = "UPDATE agents SET unregistered_at = now(), token_hash = $2, updated_at = now()
      WHERE id = $1 AND unregistered_at IS NULL
+       AND ($4::bytea IS NULL OR (token_hash = $4 AND suspended_at IS NULL))
      RETURNING name, unregistered_at, unregistered_at + make_interval(days => $3) AS reserved_until";
+
+/// Locks agent `$1`'s row for a change of its settings, while `$2` is still
+/// its token (as in [`REPLACE_TOKEN`]; waits for a rotation in flight and
+/// sees its outcome). Primary key.
+const LOCK_HOLDER: &str = "SELECT 1 FROM agents
+     WHERE id = $1 AND token_hash = $2 AND unregistered_at IS NULL AND suspended_at IS NULL
+     FOR UPDATE";
+
+/// Inside a transaction: whether `presented` is still agent `id`'s token,
+/// its row then locked to the transaction's end.
+pub async fn lock_holder(db: &Client, id: i64, presented: &[u8]) -> Result<bool, StoreError> {
+    let stmt = db.prepare_cached(LOCK_HOLDER).await?;
+    Ok(db.query_opt(&stmt, &[&id, &presented]).await?.is_some())
+}
 
 /// The name of agent `$1`. Primary key.
 const NAME_OF: &str = "SELECT name FROM agents WHERE id = $1";
@@ -220,6 +240,7 @@ const NAME_OF: &str = "SELECT name FROM agents WHERE id = $1";
 pub async fn unregister(
     db: &Client,
     id: i64,
+    presented: Option<&[u8]>,
     revoked_hash: &[u8],
     reservation_days: i32,
 ) -> Result<Option<Unregistered>, StoreError> {
@@ -232,7 +253,7 @@ pub async fn unregister(
             let lock = db.prepare_cached(LOCK_NAME).await?;
             db.execute(&lock, &[&name.get::<_, &str>("name")]).await?;
             let stmt = db.prepare_cached(UNREGISTER).await?;
-            db.query_opt(&stmt, &[&id, &revoked_hash, &reservation_days])
+            db.query_opt(&stmt, &[&id, &revoked_hash, &reservation_days, &presented])
                 .await
         })
         .await?;
