@@ -228,6 +228,16 @@ async fn bad_arguments_are_tool_errors_that_say_what_to_fix() {
             json!({"name": "\u{e9}".repeat(40), "description": "d", "project": "p"}),
             "may only contain ASCII letters",
         ),
+        (
+            "phone_register",
+            json!({"name": "..", "description": "d", "project": "p"}),
+            "must begin and end with a letter or digit",
+        ),
+        (
+            "phone_register",
+            json!({"name": "ops-", "description": "d", "project": "p"}),
+            "must begin and end with a letter or digit",
+        ),
         // A NUL reached PostgreSQL, which refused it: "internal error".
         (
             "phone_inbox",

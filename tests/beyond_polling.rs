@@ -1015,7 +1015,11 @@ async fn unregistering_revokes_hides_reserves_and_keeps_history() {
         a.with(json!({"reply_to": q["id"], "body": "still there?"})),
     )
     .await;
-    assert!(err.contains("no agent named 'bob'"), "{err}");
+    // Not "no agent named 'bob'": there is one, which search finds.
+    assert!(
+        err.contains("'bob' of this conversation left the directory"),
+        "{err}"
+    );
     let err = tool_err(
         &c,
         "phone_thread",

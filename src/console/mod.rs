@@ -140,7 +140,9 @@ fn failure(err: &PhoneError) -> (StatusCode, String) {
     let status = match err {
         PhoneError::Invalid(_) | PhoneError::ReplyToOtherParty { .. } => StatusCode::BAD_REQUEST,
         PhoneError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
-        PhoneError::UnknownAgent(_) | PhoneError::UnknownMessage(_) => StatusCode::NOT_FOUND,
+        PhoneError::UnknownAgent(_) | PhoneError::UnknownMessage(_) | PhoneError::PartyLeft(_) => {
+            StatusCode::NOT_FOUND
+        }
         PhoneError::Refused(_) | PhoneError::NothingSent(_) => StatusCode::FORBIDDEN,
         PhoneError::NameTaken(_)
         | PhoneError::NameReserved(..)

@@ -131,6 +131,26 @@ impl Phone {
             )
             .into());
         }
+        // `.`, `-`, `_` or `admin.` read as no name or as the one beside
+        // it in a header. Names already registered keep working.
+        if !req
+            .name
+            .as_str()
+            .starts_with(|c: char| c.is_ascii_alphanumeric())
+            || !req
+                .name
+                .as_str()
+                .ends_with(|c: char| c.is_ascii_alphanumeric())
+        {
+            return Err(InvalidInput::new(
+                "name",
+                format!(
+                    "'{}' must begin and end with a letter or digit ('-', '_' and '.' go between)",
+                    req.name
+                ),
+            )
+            .into());
+        }
         let bucket = limits::register_bucket(client_address);
         self.check_block(&bucket, REGISTRATIONS)?;
         self.count(

@@ -41,6 +41,10 @@ pub enum PhoneError {
     Unauthenticated(&'static str),
     #[error("no agent named '{0}'. Use phone_search to find the exact name")]
     UnknownAgent(AgentName),
+    #[error(
+        "'{0}' of this conversation left the directory (unregistered): a reply cannot reach it. An agent registered under that name since is not the same agent"
+    )]
+    PartyLeft(AgentName),
     #[error("message {0} not found among the messages you sent or received")]
     UnknownMessage(MessageId),
     #[error(
@@ -144,6 +148,7 @@ impl PhoneError {
             Self::NameReserved(..) => "name_reserved",
             Self::Unauthenticated(_) => "unauthenticated",
             Self::UnknownAgent(_) => "unknown_agent",
+            Self::PartyLeft(_) => "party_left",
             Self::UnknownMessage(_) => "unknown_message",
             Self::ReplyToOtherParty { .. } => "reply_mismatch",
             Self::IdempotencyConflict(_) => "idempotency_conflict",

@@ -352,6 +352,12 @@ impl Phone {
                         ))
                     }
                 }
+                // A party of a reply (by id) that is gone left the
+                // directory: its name may be someone else's by now, who
+                // search finds ("no agent named" sent the caller there).
+                (None, None) if copy.refusal.is_none() && target.addressee.id.is_some() => {
+                    Err(PhoneError::PartyLeft(target.name.clone()))
+                }
                 (None, None) => Err(refusal(copy.refusal.as_deref(), &target.name)),
             };
             match result {
