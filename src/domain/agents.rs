@@ -133,15 +133,9 @@ impl Phone {
         }
         // `.`, `-`, `_` or `admin.` read as no name or as the one beside
         // it in a header. Names already registered keep working.
-        if !req
-            .name
-            .as_str()
-            .starts_with(|c: char| c.is_ascii_alphanumeric())
-            || !req
-                .name
-                .as_str()
-                .ends_with(|c: char| c.is_ascii_alphanumeric())
-        {
+        let alphanumeric = |c: char| c.is_ascii_alphanumeric();
+        let name = req.name.as_str();
+        if !name.starts_with(alphanumeric) || !name.ends_with(alphanumeric) {
             return Err(InvalidInput::new(
                 "name",
                 format!(
