@@ -288,3 +288,25 @@ async fn a_replica_waits_for_another_replicas_long_migration() {
         "{err}"
     );
 }
+
+/// A transaction a replica leaves open (the replica frozen or paused
+/// between its statements) is ended by PostgreSQL after the statement
+/// timeout: a refused keyed send's probe, stopped between its insert and
+/// its rollback, held its key for every retry on the other replicas (an
+/// outsider's attack with SIGSTOP). The pool's connections carry the
+/// setting; here one of them stays idle in a transaction past it.
+#[tokio::test]
+async fn a_transaction_left_open_by_a_stopped_replica_is_ended() {
+    let database = fresh_database().await;
+    let mut settings = phone::store::Settings::for_url(&database);
+    settings.statement_timeout = std::time::Duration::from_millis(300);
+    let pool = phone::store::pool::connect(&settings).unwrap();
+    let db = pool.get().await.unwrap();
+    db.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let after = db.batch_execute("SELECT 1").await;
+    assert!(
+        after.is_err(),
+        "the transaction is still open after five times the statement timeout"
+    );
+}

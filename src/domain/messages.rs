@@ -897,21 +897,28 @@ fn inbox(polled: store::Polled, mode: InboxMode) -> Option<(i64, Inbox)> {
     ))
 }
 
-/// A read-mode poll that loses its database connection may have committed
-/// before the loss: the messages it took are read, and a plain retry will
-/// not return them. Say where they are.
+/// A poll that loses its database connection may have committed before
+/// the loss: the messages it took are read (a plain retry will not return
+/// them), or leased (they come back when the lease ends). Say where they
+/// are.
 fn taken_hint(err: PhoneError, req: InboxRequest) -> PhoneError {
-    match err {
+    match (err, req.mode) {
         // Refused before anything was done: nothing taken.
-        PhoneError::Unavailable(reason)
-            if req.mode == InboxMode::Read && reason != store::NO_SYNC_STANDBY =>
-        {
+        (PhoneError::Unavailable(reason), InboxMode::Read) if reason != store::NO_SYNC_STANDBY => {
             PhoneError::Unavailable(format!(
                 "{reason}; if this poll got through before the failure, what it took is marked read: \
              see phone_inbox include_read=true, or poll with mode=lease"
             ))
         }
-        other => other,
+        (PhoneError::Unavailable(reason), InboxMode::Lease { seconds, .. })
+            if reason != store::NO_SYNC_STANDBY =>
+        {
+            PhoneError::Unavailable(format!(
+                "{reason}; if this poll got through before the failure, what it leased comes back \
+                 to a poll when its lease ends, within {seconds} s"
+            ))
+        }
+        (other, _) => other,
     }
 }
 
@@ -995,4 +1002,34 @@ fn parse_ack_refs(field: &'static str, raw: &[&str]) -> Result<Vec<AckRef>, Inva
         }
     }
     Ok(refs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A lease poll that failed after its commit (a frozen replica woken
+    /// past its deadline) was told only "retry": its mail was leased, and
+    /// came back minutes later to nobody's surprise but the caller's.
+    #[test]
+    fn a_failed_poll_says_where_what_it_may_have_taken_is() {
+        let hint = |mode| {
+            let req = InboxRequest {
+                limit: 10,
+                mode,
+                wait: Duration::ZERO,
+            };
+            taken_hint(PhoneError::Unavailable("database unreachable".into()), req).to_string()
+        };
+        assert!(hint(InboxMode::Read).contains("include_read=true"));
+        let lease = hint(InboxMode::Lease {
+            seconds: 300,
+            max_deliveries: 10,
+        });
+        assert!(
+            lease.contains("comes back") && lease.contains("300 s"),
+            "{lease}"
+        );
+        assert!(!hint(InboxMode::Peek).contains("comes back"));
+    }
 }

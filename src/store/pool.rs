@@ -229,9 +229,9 @@ macro_rules! traced {
                     StatementRef::Text(s) => client.$call(s, $params).await,
                 }
             };
-            let outcome = match tokio::time::timeout($self.deadline, call.instrument(span.clone())).await {
-                Ok(outcome) => outcome.map_err(StoreError::from),
-                Err(_) => Err(StoreError::Unavailable(STALLED.into())),
+            let outcome = match by_deadline($self.deadline, call.instrument(span.clone())).await {
+                Some(outcome) => outcome.map_err(StoreError::from),
+                None => Err(StoreError::Unavailable(STALLED.into())),
             };
             // A statement of its own transaction that lost a deadlock or a
             // serialization conflict was rolled back whole: running it again
@@ -426,9 +426,9 @@ impl Client {
     /// A statement without parameters in one round trip (simple protocol),
     /// under the same deadline as the others.
     async fn simple(&self, sql: &str) -> Result<(), StoreError> {
-        let outcome = match tokio::time::timeout(self.deadline, (**self).batch_execute(sql)).await {
-            Ok(done) => done.map_err(StoreError::from),
-            Err(_) => Err(StoreError::Unavailable(STALLED.into())),
+        let outcome = match by_deadline(self.deadline, (**self).batch_execute(sql)).await {
+            Some(done) => done.map_err(StoreError::from),
+            None => Err(StoreError::Unavailable(STALLED.into())),
         };
         if let Err(e) = &outcome {
             self.noticed(e);
@@ -450,12 +450,10 @@ impl Client {
         types: &[tokio_postgres::types::Type],
     ) -> Result<Prepared, StoreError> {
         let statement =
-            match tokio::time::timeout(self.deadline, (**self).prepare_typed_cached(sql, types))
-                .await
-            {
-                Ok(Ok(prepared)) => Ok(prepared),
-                Ok(Err(e)) => Err(StoreError::from(e)),
-                Err(_) => Err(StoreError::Unavailable(STALLED.into())),
+            match by_deadline(self.deadline, (**self).prepare_typed_cached(sql, types)).await {
+                Some(Ok(prepared)) => Ok(prepared),
+                Some(Err(e)) => Err(StoreError::from(e)),
+                None => Err(StoreError::Unavailable(STALLED.into())),
             }
             .inspect_err(|e| self.noticed(e))?;
         let sql = (db_spans_enabled() || metrics::enabled()).then(|| sql.into());
@@ -683,8 +681,13 @@ pub fn connect(config: &Settings) -> Result<Pool, StoreError> {
     // whole table as it grew to thousands of rows (in `make bench`: 750
     // pages a poll after 10 s, half the throughput). Where no index serves a
     // query, PostgreSQL still scans.
+    // A transaction left open by a replica that stopped (frozen, paused
+    // by its platform) is ended by the server: a refused keyed send's
+    // probe, stopped between its insert and its rollback, held that key
+    // for every retry on the other replicas (an outsider's attack).
     pg.options(format!(
-        "-c statement_timeout={limit_ms} -c lock_timeout={limit_ms} -c jit=off -c enable_seqscan=off"
+        "-c statement_timeout={limit_ms} -c lock_timeout={limit_ms} \
+         -c idle_in_transaction_session_timeout={limit_ms} -c jit=off -c enable_seqscan=off"
     ));
     let connector = Connector::new(&pg, tls)?;
     // Time to try every host once (a silent one costs its connect timeout).
@@ -794,9 +797,48 @@ async fn ping_on(client: &Client, require_sync_standby: bool) -> Result<(), Stor
     outcome
 }
 
+/// How long an answer may come after its deadline and still be taken.
+const DEADLINE_GRACE: Duration = Duration::from_millis(100);
+
+/// `work`'s outcome, or `None` once `deadline` has passed and a short grace
+/// after it. A process frozen past the deadline (SIGSTOP, a paused VM)
+/// wakes to the timer and to the answer at once, and the timer was seen
+/// first: mail PostgreSQL had committed was answered "did not answer in
+/// time" (a poll's marked read, a lease's taken for its whole lease, an
+/// outsider's attack). The connection's task delivers an answer waiting
+/// on its socket within the grace.
+async fn by_deadline<T>(deadline: Duration, work: impl Future<Output = T>) -> Option<T> {
+    let mut work = std::pin::pin!(work);
+    match tokio::time::timeout(deadline, work.as_mut()).await {
+        Ok(outcome) => Some(outcome),
+        Err(_) => tokio::time::timeout(DEADLINE_GRACE, work).await.ok(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::summarize;
+    use super::{DEADLINE_GRACE, by_deadline, summarize};
+
+    /// An answer that became ready just after the deadline's timer (a
+    /// frozen process woken) is taken; one that never comes is not.
+    #[tokio::test]
+    async fn an_answer_ready_with_the_deadline_is_taken() {
+        use std::time::Duration;
+        let deadline = Duration::from_millis(50);
+        let woken = tokio::time::sleep(deadline + DEADLINE_GRACE / 4);
+        assert_eq!(
+            by_deadline(deadline, async {
+                woken.await;
+                "committed"
+            })
+            .await,
+            Some("committed")
+        );
+        assert_eq!(
+            by_deadline(deadline, std::future::pending::<()>()).await,
+            None
+        );
+    }
 
     #[test]
     fn statements_are_named_by_what_they_do() {
