@@ -65,6 +65,7 @@ impl Application {
             stopping.clone(),
             store::prune::retention(config.retention_days),
         ));
+        tokio::spawn(store::prune::expire_run(store.clone(), stopping.clone()));
         let resolver = Resolver::new(&config.dns_servers, config.dns_timeout);
         tokio::spawn(crate::webhooks::run(
             store.clone(),

@@ -733,3 +733,74 @@ async fn a_client_that_reads_nothing_is_cut_off() {
     .await;
     app.stop().await;
 }
+
+/// Mail past its lifetime leaves the unread index: a stranger sent 30,000
+/// one-second messages to an agent that was away (the share and the inbox
+/// cap count live mail only, so nothing stopped it), and every poll of that
+/// inbox, every send to it and the share's count walked past each of them
+/// for ever (15 ms a poll at 33,000; 230 ms at 550,000; every batch holding
+/// such a call made everyone else's calls wait: an outsider's attack).
+#[tokio::test]
+async fn a_strangers_expired_mail_costs_the_inbox_nothing() {
+    let app = spawn_app().await;
+    let c = app.client().await;
+    let stranger = register(&c, "stranger", "S", "p").await;
+    let bob = register(&c, "bob", "B", "q").await;
+    join_all((0..50).map(|i| {
+        ok(
+            &c,
+            "phone_send",
+            stranger.with(json!({"to": "bob", "body": format!("gone {i}"), "expires_in": 1})),
+        )
+    }))
+    .await;
+    let db = app.db().await;
+    // Marked by a replica's sweep, every few seconds.
+    wait_until_for(
+        &db,
+        "the expired mail is marked",
+        "SELECT count(*) = 50 FROM messages WHERE dead_reason = 'expired' AND dead_at = expires_at",
+        std::time::Duration::from_secs(15),
+    )
+    .await;
+    // A poll's look at the inbox, as the mail statement makes it, walks
+    // none of it.
+    db.batch_execute("SET enable_seqscan = off").await.unwrap();
+    let plan: serde_json::Value = db
+        .query_one(
+            &format!(
+                "EXPLAIN (ANALYZE, FORMAT JSON) SELECT m.id FROM messages m
+                 WHERE {} ORDER BY m.id LIMIT 10",
+                phone::store::fragments::available_to("(SELECT id FROM agents WHERE name = 'bob')")
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    fn rows_walked(node: &serde_json::Value) -> i64 {
+        let own = if node["Relation Name"] == "messages" {
+            node["Actual Rows"].as_i64().unwrap_or(0)
+                + node["Rows Removed by Filter"].as_i64().unwrap_or(0)
+                + node["Rows Removed by Index Recheck"].as_i64().unwrap_or(0)
+        } else {
+            0
+        };
+        own + node["Plans"]
+            .as_array()
+            .map_or(0, |plans| plans.iter().map(rows_walked).sum())
+    }
+    assert_eq!(rows_walked(&plan[0]["Plan"]), 0, "{plan}");
+    // Still expired to its sender, and nothing for bob.
+    let outbox = ok(&c, "phone_outbox", stranger.with(json!({"limit": 50}))).await;
+    let states: std::collections::BTreeSet<&str> = outbox["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["expired"].into(), "{outbox}");
+    let inbox = ok(&c, "phone_inbox", bob.with(json!({}))).await;
+    assert!(inbox["messages"].as_array().unwrap().is_empty(), "{inbox}");
+    app.stop().await;
+}

@@ -333,7 +333,7 @@ async fn views_reach_their_indexes() {
     .await;
     assert_eq!(
         indexes[0][0],
-        "messages_day_idx messages_group_idx messages_idempotency_copy_idx messages_idempotency_idx messages_inbox_cover_idx messages_pkey \
+        "messages_day_idx messages_expiring_idx messages_group_idx messages_idempotency_copy_idx messages_idempotency_idx messages_inbox_cover_idx messages_pkey \
          messages_reply_to_idx messages_search_words_idx messages_sender_cover_idx messages_thread_cover_idx messages_unread_idx \
          messages_unread_sender_idx messages_withdrawn_idx"
     );

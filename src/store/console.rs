@@ -127,6 +127,7 @@ pub struct Received {
 /// The state of `messages m`, as the outbox names it.
 const STATE: &str = "CASE WHEN m.acked_at IS NOT NULL THEN 'acknowledged'
           WHEN m.read_at IS NOT NULL THEN 'read'
+          WHEN m.dead_reason = 'expired' THEN 'expired'
           WHEN m.dead_at IS NOT NULL THEN 'dead'
           WHEN m.expires_at <= now() THEN 'expired'
           WHEN m.leased_until > now() THEN 'leased'

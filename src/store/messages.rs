@@ -751,6 +751,7 @@ static OUTBOX: LazyLock<String> = LazyLock::new(|| {
                      WHEN m.read_at IS NOT NULL THEN 'read'
                      -- Mail a block withdrew looks waiting to its sender,
                      -- as a refusal reads like a policy's: a block is not revealed.
+                     WHEN m.dead_reason = 'expired' THEN 'expired'
                      WHEN m.dead_at IS NOT NULL AND m.dead_reason IS DISTINCT FROM 'blocked' THEN 'dead'
                      WHEN m.expires_at <= now() THEN 'expired'
                      WHEN m.leased_until > now() THEN 'leased'

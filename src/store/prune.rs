@@ -46,6 +46,54 @@ const MESSAGES: &str = "WITH gone AS (
      SELECT (SELECT count(*) FROM gone) AS n,
             ARRAY(SELECT group_id FROM gone WHERE group_id = id) AS groups";
 
+/// How often each replica marks mail past its lifetime.
+const EXPIRY_EVERY: Duration = Duration::from_secs(5);
+/// Messages marked per statement; a full batch is followed by another.
+const EXPIRY_BATCH: i64 = 1_000;
+
+/// Live mail past its lifetime, `$1` at a time, marked dead ('expired',
+/// at its expiry): it leaves the unread index, which polls, sends and
+/// shares walk (migration V30). Rows a poll or a block holds are left for
+/// the next round. `messages_expiring_idx`.
+const EXPIRED: &str = "UPDATE messages m SET dead_at = m.expires_at, dead_reason = 'expired'
+     WHERE m.id = ANY (ARRAY(
+         SELECT id FROM messages
+         WHERE read_at IS NULL AND dead_at IS NULL AND expires_at <= now()
+         ORDER BY expires_at LIMIT $1
+         FOR UPDATE SKIP LOCKED))
+       AND m.read_at IS NULL AND m.dead_at IS NULL";
+
+/// Marks mail past its lifetime (see [`EXPIRED`]); how many.
+pub async fn expire(db: &Client) -> Result<u64, StoreError> {
+    let stmt = db.prepare_cached(EXPIRED).await?;
+    let mut marked = 0;
+    // Bounded: a backlog is cleared over later rounds.
+    for _ in 0..100 {
+        let n = db.execute(&stmt, &[&EXPIRY_BATCH]).await?;
+        marked += n;
+        if n < EXPIRY_BATCH as u64 {
+            break;
+        }
+    }
+    Ok(marked)
+}
+
+/// Runs [`expire`] every few seconds until `stop`.
+pub async fn expire_run(store: Store, stop: CancellationToken) {
+    loop {
+        let outcome = async { expire(&store.db().await?).await }.await;
+        match outcome {
+            Ok(0) => {}
+            Ok(expired) => tracing::debug!(expired, "marked mail past its lifetime"),
+            Err(e) => tracing::warn!(error = %e, "could not mark mail past its lifetime"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(EXPIRY_EVERY) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
 /// The retention of `PHONE_RETENTION_DAYS` (0: none).
 pub fn retention(days: u32) -> Option<Duration> {
     (days > 0).then(|| Duration::from_secs(u64::from(days) * 24 * 3600))
