@@ -802,5 +802,28 @@ async fn a_strangers_expired_mail_costs_the_inbox_nothing() {
     assert_eq!(states, ["expired"].into(), "{outbox}");
     let inbox = ok(&c, "phone_inbox", bob.with(json!({}))).await;
     assert!(inbox["messages"].as_array().unwrap().is_empty(), "{inbox}");
+    // Expired, not dead, wherever it is shown: as dead it read as a failed
+    // delivery, and beside mail a block withdrew (no `dead_at` to its
+    // sender) it told a sender who had blocked it.
+    let history = ok(
+        &c,
+        "phone_inbox",
+        bob.with(json!({"include_read": true, "limit": 50})),
+    )
+    .await;
+    let thread = ok(
+        &c,
+        "phone_thread",
+        stranger.with(json!({"message_id": outbox["messages"][0]["id"]})),
+    )
+    .await;
+    for m in history["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(thread["messages"].as_array().unwrap())
+    {
+        assert!(m.get("dead_at").is_none_or(|d| d.is_null()), "{m}");
+    }
     app.stop().await;
 }

@@ -628,9 +628,21 @@ async fn a_block_written_by_hand_still_holds() {
 /// messages to it and then writes the agent's presence (a poll after a quiet
 /// minute does both, in that order): both finish. When the mark wrote the
 /// flag itself, it held the agent's row while it waited for the message,
-/// the batch waited for the row, and PostgreSQL aborted one of them.
+/// the batch waited for the row, and PostgreSQL aborted one of them. The
+/// same with a policy changed in the same call, which locked the row before
+/// the block waited (an outsider's attack).
 #[tokio::test]
 async fn a_first_block_racing_a_poll_does_not_deadlock() {
+    for also in [
+        json!({}),
+        json!({"contact_policy": "project"}),
+        json!({"listed": false}),
+    ] {
+        a_block_racing_a_poll(also).await;
+    }
+}
+
+async fn a_block_racing_a_poll(also: serde_json::Value) {
     let app = spawn_app().await;
     let c = app.client().await;
     let boss = register(&c, "boss", "B", "p").await;
@@ -647,7 +659,9 @@ async fn a_first_block_racing_a_poll_does_not_deadlock() {
         )
         .await
         .unwrap();
-    let (c2, args) = (app.client().await, boss.with(json!({"block": ["pest"]})));
+    let mut change = also.clone();
+    change["block"] = json!(["pest"]);
+    let (c2, args) = (app.client().await, boss.with(change));
     let mark = tokio::spawn(async move { call(&c2, "phone_settings", args).await });
     // The mark now waits for the message.
     wait_until(
@@ -668,7 +682,7 @@ async fn a_first_block_racing_a_poll_does_not_deadlock() {
     assert!(presence.is_ok(), "the batch's presence write: {presence:?}");
     batch.batch_execute("COMMIT").await.unwrap();
     let marked = mark.await.unwrap();
-    assert_ne!(marked.is_error, Some(true), "{}", text(&marked));
+    assert_ne!(marked.is_error, Some(true), "{also}: {}", text(&marked));
     // The block took: the message is withdrawn, later sends are refused.
     refused(&send(&c, &pest, "boss", "after").await);
     assert_eq!(
@@ -676,4 +690,5 @@ async fn a_first_block_racing_a_poll_does_not_deadlock() {
             .await,
         1
     );
+    app.stop().await;
 }

@@ -217,6 +217,28 @@ impl Phone {
                     || req.contact_policy.is_some()
                     || req.listed.is_some()
                     || !req.marks.is_empty();
+                // Marks first, before anything locks the agent's row: a
+                // block waits for mail a poll holds, and that poll then for
+                // the agent's row (its presence). With the row locked first
+                // (a policy, listing or webhook change in the same call),
+                // the two deadlocked (an outsider's attack on the fixes).
+                let mut unknown = Vec::new();
+                if !req.marks.is_empty() {
+                    let marks: Vec<(String, Mark)> = req
+                        .marks
+                        .iter()
+                        .map(|(n, m)| (n.as_str().to_owned(), *m))
+                        .collect();
+                    let matched = store::settings::mark(db, me.id, &marks).await?;
+                    for (name, _) in &req.marks {
+                        if name != &me.name
+                            && !matched.iter().any(|m| m == name.as_str())
+                            && !unknown.iter().any(|u| u == name.as_str())
+                        {
+                            unknown.push(name.to_string());
+                        }
+                    }
+                }
                 let mut webhook_secret = None;
                 if changes_webhook {
                     let current = store::webhooks::lock_webhook(db, me.id).await?;
@@ -256,23 +278,6 @@ impl Phone {
                         req.listed,
                     )
                     .await?;
-                }
-                let mut unknown = Vec::new();
-                if !req.marks.is_empty() {
-                    let marks: Vec<(String, Mark)> = req
-                        .marks
-                        .iter()
-                        .map(|(n, m)| (n.as_str().to_owned(), *m))
-                        .collect();
-                    let matched = store::settings::mark(db, me.id, &marks).await?;
-                    for (name, _) in &req.marks {
-                        if name != &me.name
-                            && !matched.iter().any(|m| m == name.as_str())
-                            && !unknown.iter().any(|u| u == name.as_str())
-                        {
-                            unknown.push(name.to_string());
-                        }
-                    }
                 }
                 // The token verified before (and before a webhook host's
                 // lookup, seconds long) must still be the agent's as the

@@ -224,7 +224,7 @@ const UNREGISTER: &str = "UPDATE agents SET unregistered_at = now(), token_hash 
 /// sees its outcome). Primary key.
 const LOCK_HOLDER: &str = "SELECT 1 FROM agents
      WHERE id = $1 AND token_hash = $2 AND unregistered_at IS NULL AND suspended_at IS NULL
-     FOR UPDATE";
+     FOR NO KEY UPDATE";
 
 /// Inside a transaction: whether `presented` is still agent `id`'s token,
 /// its row then locked to the transaction's end.

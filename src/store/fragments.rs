@@ -139,14 +139,26 @@ pub fn key_range(column: &str, agent: &str, after: &str, before: &str) -> String
 /// The message fields a poll reads from `messages m` (or returns from an
 /// `UPDATE messages m`).
 pub const POLLED_FIELDS: &str = "m.id, m.sender_id, m.subject, m.body, m.reply_to, m.thread_id,
-     m.sent_at, m.read_at, m.delivery_count, m.leased_until, m.dead_at, m.expires_at, m.group_id";
+     m.sent_at, m.read_at, m.delivery_count, m.leased_until, m.dead_at, m.dead_reason, m.expires_at,
+     m.group_id";
+
+/// `dead_at` as answers show it: mail whose lifetime ended is expired, not
+/// dead (the sweep of migration V30 marks it dead only to take it out of
+/// the unread index). Shown as dead, it read as a failed delivery ("never
+/// acknowledged", an acknowledged one too), and beside mail a block
+/// withdrew (no `dead_at` to its sender) it told the sender who blocked it.
+const DEAD_AT: &str = "CASE WHEN m.dead_reason = 'expired' THEN NULL ELSE m.dead_at END";
 
 /// What a listing returns per message, as `rows::message` reads it, from
 /// `messages m` (or a relation with [`POLLED_FIELDS`]), the sender `s`
 /// (name, project) and the recipient's name as `recipient_name` (an SQL
 /// expression).
 pub fn message_columns(recipient_name: &str) -> String {
-    columns(recipient_name, "m.dead_at", &also_to("true"))
+    columns(
+        recipient_name,
+        &format!("{DEAD_AT} AS dead_at"),
+        &also_to("true"),
+    )
 }
 
 /// [`message_columns`] for the hot poll, without the list of a group
@@ -155,7 +167,11 @@ pub fn message_columns(recipient_name: &str) -> String {
 /// without it 0.99x), so the caller asks [`super::messages::fill_also_to`]
 /// for it, only when a copy of a group send is among what it took.
 pub fn polled_message_columns(recipient_name: &str) -> String {
-    columns(recipient_name, "m.dead_at", "NULL::text[] AS also_to")
+    columns(
+        recipient_name,
+        &format!("{DEAD_AT} AS dead_at"),
+        "NULL::text[] AS also_to",
+    )
 }
 
 /// [`message_columns`] as the agent whose id `viewer` (an SQL expression)
@@ -174,7 +190,7 @@ pub fn message_columns_seen_by(recipient_name: &str, viewer: &str) -> String {
 fn dead_at_seen_by(viewer: &str) -> String {
     format!(
         "CASE WHEN m.dead_reason = 'blocked' AND m.sender_id = {viewer} THEN NULL
-              ELSE m.dead_at END AS dead_at"
+              ELSE {DEAD_AT} END AS dead_at"
     )
 }
 

@@ -53,14 +53,18 @@ const EXPIRY_BATCH: i64 = 1_000;
 
 /// Live mail past its lifetime, `$1` at a time, marked dead ('expired',
 /// at its expiry): it leaves the unread index, which polls, sends and
-/// shares walk (migration V30). Rows a poll or a block holds are left for
-/// the next round. `messages_expiring_idx`.
+/// shares walk (migration V30). Answers still show it expired, not dead
+/// (`fragments::DEAD_AT`). Mail still leased waits for its lease to end
+/// (its worker may acknowledge it), and rows a poll, a block or a reply's
+/// key check holds are left for the next round (NO KEY UPDATE: a foreign
+/// key's check does not wait for it). `messages_expiring_idx`.
 const EXPIRED: &str = "UPDATE messages m SET dead_at = m.expires_at, dead_reason = 'expired'
      WHERE m.id = ANY (ARRAY(
          SELECT id FROM messages
          WHERE read_at IS NULL AND dead_at IS NULL AND expires_at <= now()
+           AND (leased_until IS NULL OR leased_until <= now())
          ORDER BY expires_at LIMIT $1
-         FOR UPDATE SKIP LOCKED))
+         FOR NO KEY UPDATE SKIP LOCKED))
        AND m.read_at IS NULL AND m.dead_at IS NULL";
 
 /// Marks mail past its lifetime (see [`EXPIRED`]); how many.

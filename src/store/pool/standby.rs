@@ -210,7 +210,7 @@ impl Client {
         let checked = futures_util::poll!(after.as_mut());
         // A future already answered (a closed connection fails at once)
         // must not be polled again.
-        let answers = tokio::time::timeout(self.deadline, async {
+        let answers = super::by_deadline(self.deadline, async {
             (
                 answer(begun, begin).await,
                 answer(first, query).await,
@@ -220,7 +220,7 @@ impl Client {
             )
         })
         .await;
-        let Ok((begun, rows, required, committed, after)) = answers else {
+        let Some((begun, rows, required, committed, after)) = answers else {
             // The connection is in an unknown state: `noticed` closes it.
             return Err(StoreError::Unavailable(STALLED.into()));
         };
@@ -251,8 +251,9 @@ impl Client {
     /// that only read commits whatever the standbys do.
     pub(super) async fn require_sync_standby_if_written(&self) -> Result<bool, StoreError> {
         let asked =
-            tokio::time::timeout(self.deadline, (**self).simple_query(REQUIRE_IF_WRITTEN_SQL))
-                .await;
+            super::by_deadline(self.deadline, (**self).simple_query(REQUIRE_IF_WRITTEN_SQL))
+                .await
+                .ok_or(());
         let messages = match asked {
             Ok(Ok(messages)) => messages,
             Ok(Err(e)) if e.code().is_some_and(|c| c.code() == REFUSED) => {
@@ -278,7 +279,10 @@ impl Client {
     /// synchronous standby reports the commit flushed; else the outcome is
     /// unknown.
     pub(super) async fn confirm_on_standby(&self) -> Result<(), StoreError> {
-        match tokio::time::timeout(self.deadline, (**self).simple_query(AFTER_COMMIT_SQL)).await {
+        match super::by_deadline(self.deadline, (**self).simple_query(AFTER_COMMIT_SQL))
+            .await
+            .ok_or(())
+        {
             Ok(after) => self.confirm_after(after).await,
             Err(_) => {
                 tracing::warn!(
