@@ -21,17 +21,14 @@
 -- in a batch waiting for it must not wait as long. Past the second, or
 -- in a deadlock with another batch's senders, the count of the statement's
 -- own snapshot stands, as before this version.
+-- The count itself is V26's `phone_new_recipients_today`: STABLE, it reads
+-- the snapshot of the query that calls it, here each a new one.
 CREATE FUNCTION phone_new_recipients_counted(from_id bigint, new_per_day int)
 RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    made bigint;
+    made bigint := phone_new_recipients_today(from_id, new_per_day);
     waited text := current_setting('lock_timeout');
 BEGIN
-    made := (SELECT count(*) FROM (
-        SELECT 1 FROM correspondents x
-        WHERE x.sender_id = from_id AND x.first_at > now() - interval '1 day'
-          AND NOT x.by_reply
-        LIMIT new_per_day) y);
     IF made >= new_per_day THEN
         RETURN made;
     END IF;
@@ -43,10 +40,6 @@ BEGIN
         RETURN made;
     END;
     PERFORM set_config('lock_timeout', waited, true);
-    RETURN (SELECT count(*) FROM (
-        SELECT 1 FROM correspondents x
-        WHERE x.sender_id = from_id AND x.first_at > now() - interval '1 day'
-          AND NOT x.by_reply
-        LIMIT new_per_day) y);
+    RETURN phone_new_recipients_today(from_id, new_per_day);
 END
 $$;

@@ -283,10 +283,8 @@ impl Phone {
                 // lookup, seconds long) must still be the agent's as the
                 // changes commit, or they are undone: a call in flight with
                 // a token just rotated away changed its new holder's
-                // settings. Last, with the row locked to the commit (a
-                // rotation waits, or is waited for and seen): a mark waits
-                // for messages a poll holds, and that poll then for the
-                // agent's row (its presence), which the mark must not hold.
+                // settings. Checked last, with the row locked to the commit
+                // (a rotation waits, or is waited for and seen).
                 if changes && !store::agents::lock_holder(db, me.id, me.token.as_bytes()).await? {
                     return Err(PhoneError::Unauthenticated(super::agents::TOKEN_CHANGED));
                 }
